@@ -1,0 +1,150 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+)
+
+// EndpointRow is a row of txhook_endpoints.
+type EndpointRow struct {
+	ID             string
+	Tenant         string
+	URL            string
+	Description    string
+	EventTypes     []byte // JSON array
+	Secrets        []byte // JSON array
+	Enabled        bool
+	DisabledReason string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, created_at, updated_at`
+
+// InsertEndpoint writes a new endpoint.
+func (s *Store) InsertEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
+	_, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO txhook_endpoints (`+endpointColumns+`)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		e.ID, e.Tenant, e.URL, e.Description, string(e.EventTypes), string(e.Secrets), e.Enabled,
+		e.DisabledReason, s.T(e.CreatedAt), s.T(e.UpdatedAt))
+	return err
+}
+
+// UpdateEndpoint overwrites the mutable columns of an endpoint.
+func (s *Store) UpdateEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
+	res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints
+SET url = ?, description = ?, event_types = ?, secrets = ?, updated_at = ?
+WHERE id = ?`), e.URL, e.Description, string(e.EventTypes), string(e.Secrets), s.T(e.UpdatedAt), e.ID)
+	return oneRow(res, err)
+}
+
+// SetEndpointEnabled enables or disables an endpoint. Disabling parks its
+// waiting deliveries ('paused') so they spend no attempts; enabling makes
+// them due at now. A delivery in flight when the endpoint is disabled is
+// parked by the relay when it completes.
+func (s *Store) SetEndpointEnabled(ctx context.Context, id string, enabled bool, reason string, now time.Time) error {
+	return s.Tx(ctx, func(q Querier) error {
+		res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET enabled = ?, disabled_reason = ?, updated_at = ? WHERE id = ?`),
+			enabled, reason, s.T(now), id)
+		if err := oneRow(res, err); err != nil {
+			return err
+		}
+		if enabled {
+			_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = ?, updated_at = ?
+WHERE endpoint_id = ? AND state = 'paused'`), s.T(now), s.T(now), id)
+		} else {
+			_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'paused', updated_at = ?
+WHERE endpoint_id = ? AND state = 'pending'`), s.T(now), id)
+		}
+		return err
+	})
+}
+
+// DeleteEndpoint removes an endpoint with its unfinished deliveries and
+// their attempts. Dead letters stay (they are the record of what was not
+// delivered) but can no longer be replayed.
+func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
+	return s.Tx(ctx, func(q Querier) error {
+		res, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_endpoints WHERE id = ?`), id)
+		if err := oneRow(res, err); err != nil {
+			return err
+		}
+		if _, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_attempts WHERE delivery_id IN (
+    SELECT id FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead')`), id); err != nil {
+			return err
+		}
+		_, err = q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead'`), id)
+		return err
+	})
+}
+
+// GetEndpoint reads one endpoint.
+func (s *Store) GetEndpoint(ctx context.Context, q Querier, id string) (EndpointRow, error) {
+	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints WHERE id = ?`), id)
+	if err != nil {
+		return EndpointRow{}, err
+	}
+	es, err := scanEndpoints(rows)
+	if err != nil {
+		return EndpointRow{}, err
+	}
+	if len(es) == 0 {
+		return EndpointRow{}, ErrNotFound
+	}
+	return es[0], nil
+}
+
+// ListEndpoints reads a tenant's endpoints, or every endpoint when tenant
+// is "" and all is true.
+func (s *Store) ListEndpoints(ctx context.Context, tenant string, all bool) ([]EndpointRow, error) {
+	var rows *sql.Rows
+	var err error
+	if all {
+		rows, err = s.DB.QueryContext(ctx, `SELECT `+endpointColumns+` FROM txhook_endpoints ORDER BY tenant, id`)
+	} else {
+		rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints WHERE tenant = ? ORDER BY id`), tenant)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return scanEndpoints(rows)
+}
+
+func scanEndpoints(rows *sql.Rows) ([]EndpointRow, error) {
+	defer rows.Close()
+	var out []EndpointRow
+	for rows.Next() {
+		var e EndpointRow
+		var c, u Time
+		var types, secrets string
+		if err := rows.Scan(&e.ID, &e.Tenant, &e.URL, &e.Description, &types, &secrets, &e.Enabled,
+			&e.DisabledReason, &c, &u); err != nil {
+			return nil, err
+		}
+		e.EventTypes, e.Secrets = []byte(types), []byte(secrets)
+		e.CreatedAt, e.UpdatedAt = c.Time, u.Time
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+func oneRow(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// IsNotFound reports whether err is ErrNotFound or sql.ErrNoRows.
+func IsNotFound(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, sql.ErrNoRows)
+}

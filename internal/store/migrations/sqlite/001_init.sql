@@ -1,0 +1,79 @@
+-- txhook schema, version 1 (SQLite 3.35 or newer).
+--
+-- Times are integers: microseconds since the Unix epoch, UTC, so that they
+-- compare and index correctly. JSON columns are text checked with json_valid.
+
+CREATE TABLE txhook_endpoints (
+    id              TEXT    PRIMARY KEY,
+    tenant          TEXT    NOT NULL,
+    url             TEXT    NOT NULL,
+    description     TEXT    NOT NULL DEFAULT '',
+    event_types     TEXT    NOT NULL DEFAULT '[]' CHECK (json_valid(event_types)),
+    secrets         TEXT    NOT NULL CHECK (json_valid(secrets)),
+    enabled         INTEGER NOT NULL DEFAULT 1,
+    disabled_reason TEXT    NOT NULL DEFAULT '',
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL
+);
+CREATE INDEX txhook_endpoints_tenant ON txhook_endpoints (tenant, id);
+
+CREATE TABLE txhook_events (
+    id              TEXT    PRIMARY KEY,
+    tenant          TEXT    NOT NULL,
+    type            TEXT    NOT NULL,
+    payload         TEXT    NOT NULL,
+    idempotency_key TEXT,
+    created_at      INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX txhook_events_idempotency ON txhook_events (tenant, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX txhook_events_created ON txhook_events (created_at);
+
+CREATE TABLE txhook_deliveries (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id        TEXT    NOT NULL REFERENCES txhook_events (id) ON DELETE CASCADE,
+    endpoint_id     TEXT    NOT NULL,
+    state           TEXT    NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'dead', 'paused')),
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER NOT NULL,
+    lease_owner     TEXT,
+    last_status     INTEGER,
+    last_error      TEXT    NOT NULL DEFAULT '',
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL
+);
+CREATE INDEX txhook_deliveries_due ON txhook_deliveries (next_attempt_at)
+    WHERE state IN ('pending', 'running');
+CREATE INDEX txhook_deliveries_event ON txhook_deliveries (event_id);
+CREATE INDEX txhook_deliveries_endpoint ON txhook_deliveries (endpoint_id, state);
+CREATE INDEX txhook_deliveries_finished ON txhook_deliveries (updated_at)
+    WHERE state = 'succeeded';
+
+CREATE TABLE txhook_attempts (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    delivery_id      INTEGER NOT NULL,
+    endpoint_id      TEXT    NOT NULL,
+    attempt          INTEGER NOT NULL,
+    started_at       INTEGER NOT NULL,
+    duration_us      INTEGER NOT NULL,
+    status           INTEGER,
+    response_excerpt TEXT    NOT NULL DEFAULT '',
+    error            TEXT    NOT NULL DEFAULT ''
+);
+CREATE INDEX txhook_attempts_delivery ON txhook_attempts (delivery_id, attempt);
+CREATE INDEX txhook_attempts_endpoint ON txhook_attempts (endpoint_id, started_at);
+
+CREATE TABLE txhook_dead_letters (
+    delivery_id INTEGER PRIMARY KEY,
+    event_id    TEXT    NOT NULL,
+    endpoint_id TEXT    NOT NULL,
+    tenant      TEXT    NOT NULL,
+    event_type  TEXT    NOT NULL,
+    attempts    INTEGER NOT NULL,
+    last_status INTEGER,
+    last_error  TEXT    NOT NULL DEFAULT '',
+    failed_at   INTEGER NOT NULL
+);
+CREATE INDEX txhook_dead_letters_failed ON txhook_dead_letters (failed_at, delivery_id);
+CREATE INDEX txhook_dead_letters_tenant ON txhook_dead_letters (tenant, failed_at);
+CREATE INDEX txhook_dead_letters_endpoint ON txhook_dead_letters (endpoint_id, failed_at);

@@ -1,0 +1,268 @@
+// Package store holds every SQL statement txhook runs, for both dialects.
+//
+// The rest of the module speaks in Go values (times, JSON documents,
+// delivery states); this package turns them into PostgreSQL or SQLite
+// statements. Dialect differences live here and nowhere else.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Dialect is the SQL flavour of a database.
+type Dialect int
+
+const (
+	// Postgres is PostgreSQL 12 or newer, through lib/pq or pgx's stdlib.
+	Postgres Dialect = iota + 1
+	// SQLite is SQLite 3.35 or newer, through mattn/go-sqlite3.
+	SQLite
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "postgres"
+	case SQLite:
+		return "sqlite"
+	}
+	return "unknown"
+}
+
+// Detect works out the dialect of db: from the driver's type when it is one
+// of the known drivers, otherwise by asking the server.
+func Detect(ctx context.Context, db *sql.DB) (Dialect, error) {
+	switch t := fmt.Sprintf("%T", db.Driver()); t {
+	case "*pq.Driver", "*stdlib.Driver":
+		return Postgres, nil
+	case "*sqlite3.SQLiteDriver":
+		return SQLite, nil
+	}
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v); err == nil {
+		return SQLite, nil
+	}
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('server_version_num')").Scan(&v); err == nil {
+		return Postgres, nil
+	}
+	return 0, fmt.Errorf("txhook: cannot tell the database dialect of driver %T; set Config.Dialect", db.Driver())
+}
+
+// Querier is what *sql.DB, *sql.Tx, *sql.Conn, *sqlx.DB and *sqlx.Tx share.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Store runs txhook's statements on one database.
+type Store struct {
+	DB      *sql.DB
+	Dialect Dialect
+
+	mu    sync.Mutex
+	stmts map[string]*sql.Stmt
+}
+
+// New returns a Store for db.
+func New(db *sql.DB, d Dialect) *Store {
+	return &Store{DB: db, Dialect: d, stmts: map[string]*sql.Stmt{}}
+}
+
+// Close releases the prepared statements.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var first error
+	for k, st := range s.stmts {
+		if err := st.Close(); err != nil && first == nil {
+			first = err
+		}
+		delete(s.stmts, k)
+	}
+	return first
+}
+
+// Prepare prepares queries on the pool ahead of use, so that a hot statement
+// later costs one round trip. It must run while the caller holds no
+// connection of a small pool: preparing takes one.
+func (s *Store) Prepare(ctx context.Context, queries ...string) error {
+	for _, q := range queries {
+		q = s.Rebind(q)
+		s.mu.Lock()
+		_, ok := s.stmts[q]
+		s.mu.Unlock()
+		if ok {
+			continue
+		}
+		st, err := s.DB.PrepareContext(ctx, q)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		if _, ok := s.stmts[q]; ok {
+			st.Close()
+		} else {
+			s.stmts[q] = st
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// stmtFor returns query, prepared by Prepare, bound to q when q is a
+// transaction; nil when there is no such statement or q cannot use it.
+// database/sql re-prepares it once per connection, on the transaction's own
+// connection, so this never waits for a second connection.
+func (s *Store) stmtFor(ctx context.Context, q Querier, query string) *sql.Stmt {
+	s.mu.Lock()
+	st, ok := s.stmts[query]
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	switch x := q.(type) {
+	case *sql.DB:
+		if x == s.DB {
+			return st
+		}
+		return nil
+	case interface {
+		StmtContext(context.Context, *sql.Stmt) *sql.Stmt
+	}:
+		return x.StmtContext(ctx, st)
+	}
+	return nil
+}
+
+// errForeignStmt is what database/sql reports when a statement prepared on
+// one pool is used in a transaction of another.
+func isForeignStmt(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "statement from different database used")
+}
+
+// T converts a time to the dialect's column value: timestamptz for
+// PostgreSQL, integer microseconds for SQLite.
+func (s *Store) T(t time.Time) any {
+	if s.Dialect == SQLite {
+		return t.UnixMicro()
+	}
+	return t.UTC()
+}
+
+// JSONTime renders t for use inside a JSON document read by the dialect's
+// JSON functions.
+func (s *Store) JSONTime(t time.Time) any {
+	if s.Dialect == SQLite {
+		return t.UnixMicro()
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// Time scans a time column of either dialect.
+type Time struct{ time.Time }
+
+// Scan implements sql.Scanner.
+func (t *Time) Scan(v any) error {
+	switch x := v.(type) {
+	case nil:
+		t.Time = time.Time{}
+	case time.Time:
+		t.Time = x.UTC()
+	case int64:
+		t.Time = time.UnixMicro(x).UTC()
+	case []byte:
+		return t.parse(string(x))
+	case string:
+		return t.parse(x)
+	default:
+		return fmt.Errorf("txhook: cannot scan %T into a time", v)
+	}
+	return nil
+}
+
+func (t *Time) parse(s string) error {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		t.Time = time.UnixMicro(n).UTC()
+		return nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05.999999999-07"} {
+		if p, err := time.Parse(layout, s); err == nil {
+			t.Time = p.UTC()
+			return nil
+		}
+	}
+	return fmt.Errorf("txhook: cannot parse time %q", s)
+}
+
+// Value implements driver.Valuer for completeness; queries use T instead.
+func (t Time) Value() (driver.Value, error) { return t.Time, nil }
+
+// Rebind turns ? placeholders into $1, $2 … for PostgreSQL. Queries in this
+// package never contain a literal question mark.
+func (s *Store) Rebind(q string) string {
+	if s.Dialect != Postgres {
+		return q
+	}
+	var b strings.Builder
+	b.Grow(len(q) + 16)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
+}
+
+// Tx runs fn in a write transaction. On SQLite it begins with BEGIN
+// IMMEDIATE so that the write lock is taken up front: a deferred
+// transaction that reads and then writes can fail with SQLITE_BUSY instead
+// of waiting.
+func (s *Store) Tx(ctx context.Context, fn func(q Querier) error) (err error) {
+	if s.Dialect == SQLite {
+		conn, err := s.DB.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			return err
+		}
+		if err := fn(conn); err != nil {
+			// The rollback must run even when ctx is done, or the pooled
+			// connection would go back with an open transaction.
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+			return err
+		}
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), "COMMIT"); err != nil {
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+			return err
+		}
+		return nil
+	}
+	tx, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// ErrNotFound is returned when a row does not exist.
+var ErrNotFound = errors.New("not found")
