@@ -83,6 +83,10 @@ func checkTimestamp(s string, now func() time.Time, tolerance time.Duration) (ti
 	if err != nil {
 		return time.Time{}, fmt.Errorf("%w: timestamp out of range", ErrMalformedHeader)
 	}
+	if sec > maxUnix {
+		// time.Unix would wrap around into the past.
+		return time.Time{}, fmt.Errorf("%w: timestamp after year 9999", ErrTimestampTooNew)
+	}
 	ts := time.Unix(sec, 0).UTC()
 	if tolerance <= 0 {
 		tolerance = DefaultTolerance
@@ -103,6 +107,9 @@ func checkTimestamp(s string, now func() time.Time, tolerance time.Duration) (ti
 	}
 	return ts, nil
 }
+
+// maxUnix is 9999-12-31T23:59:59Z.
+const maxUnix = 253402300799
 
 func canonicalUint(s string) bool {
 	if s == "" || len(s) > 19 || (s[0] == '0' && len(s) > 1) {

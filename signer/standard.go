@@ -252,14 +252,17 @@ func parseStandardSignatures(v string, out *[maxEntries]sigEntry) (int, error) {
 		default:
 			continue
 		}
-		// Decoding from a copy on the stack spares converting the string.
+		// Decoding from a copy on the stack spares converting the string;
+		// dst has room for what 88 characters can decode to, with or without
+		// padding, because Decode panics on a short dst.
 		var src [88]byte
+		var dst [66]byte
 		copy(src[:], sig)
-		e := &out[n]
-		if m, err := b64Strict.Decode(e.sig[:], src[:len(sig)]); err != nil || m != size {
+		if m, err := b64Strict.Decode(dst[:], src[:len(sig)]); err != nil || m != size {
 			continue
 		}
-		e.kind = kind
+		out[n].kind = kind
+		copy(out[n].sig[:], dst[:size])
 		n++
 	}
 	if shaped == 0 {
