@@ -51,6 +51,11 @@ func secretError(i int, reason error) error {
 //
 // The error states the reason only; callers wrap it with ErrInvalidSecret.
 func parseKey(s string) (key, error) {
+	// encoding/base64 skips line breaks; a secret read from a file with its
+	// trailing newline should fail here, not work here and fail elsewhere.
+	if strings.ContainsAny(s, "\r\n") {
+		return key{}, errors.New("contains a line break")
+	}
 	switch {
 	case strings.HasPrefix(s, prefixPrivate):
 		priv, err := decodePrivate(s[len(prefixPrivate):])
@@ -90,6 +95,9 @@ func parseKey(s string) (key, error) {
 // 64-byte seed||public form that Go's crypto/ed25519 and the Svix server use.
 // GenerateKeyPair writes the 64-byte form.
 func decodePrivate(enc string) (ed25519.PrivateKey, error) {
+	if strings.ContainsAny(enc, "\r\n") {
+		return nil, errors.New("contains a line break")
+	}
 	b, err := base64.StdEncoding.DecodeString(enc)
 	if err != nil {
 		return nil, errors.New("not valid base64")

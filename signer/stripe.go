@@ -66,6 +66,10 @@ func checkStripeSecret(s string) error {
 	switch {
 	case strings.HasPrefix(s, prefixPublic), strings.HasPrefix(s, prefixPrivate):
 		return errors.New("an ed25519 key cannot be a Stripe-scheme secret")
+	case strings.ContainsAny(s, "\r\n"):
+		// Most likely a secret file's trailing newline, which would sign
+		// with a key the receiver does not have.
+		return errors.New("contains a line break")
 	case len(s) < minStripeSecret:
 		return fmt.Errorf("shorter than %d bytes", minStripeSecret)
 	}
