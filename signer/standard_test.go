@@ -30,7 +30,7 @@ const (
 // id, timestamp and body are the spec's own example; the signature was made
 // with `openssl pkeyutl -sign -rawin` over "id.timestamp.body".
 const (
-	edSeedKey = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A="                                                 // 32-byte seed form
+	edSeedKey = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A="                                             // 32-byte seed form
 	edFullKey = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2DXWpgBgrEKt9VL/tPJZAc6DuFy89qmIyWvAhpo9wdRGg==" // seed||public form
 	edPubKey  = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="
 	edID      = "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"

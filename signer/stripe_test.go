@@ -16,7 +16,7 @@ import (
 //		openssl dgst -sha256 -hmac "$secret"
 const (
 	stripeSecret1 = "7c4b3a9e2f1d8c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b" // 32 random bytes, hex, as in the source article
-	stripeSecret2 = "whsec_second_secret_for_rotation"                                  // used as given, prefix and all
+	stripeSecret2 = "whsec_second_secret_for_rotation"                                 // used as given, prefix and all
 	stripeTS      = 1700000000
 	stripeBody    = `{"event_id":"evt_1","type":"payment.succeeded"}`
 	stripeSig1    = "73aaaf1467acbe56d4ac54d3a6bc1861726585c7ec22741b9bb2f5353cab855e"
