@@ -117,8 +117,9 @@ func (s Stripe) Sign(h http.Header, id string, ts time.Time, body []byte, secret
 		v.WriteString(",v1=")
 		v.Write(enc[:])
 	}
-	h.Set(s.header(), v.String())
-	h.Set(HeaderID, id)
+	vals := [...]string{v.String(), id}
+	h[s.header()] = vals[0:1:1]
+	h[HeaderID] = vals[1:2:2]
 	return nil
 }
 
