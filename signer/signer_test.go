@@ -114,7 +114,7 @@ func TestErrorsDoNotLeakSecrets(t *testing.T) {
 	}
 	badKeys := []string{
 		"whsec_AAAAAAAAAAAAAAAAAAAAAA==", "whsec_" + strings.Repeat("Q", 100), "whsec_!!!!" + rustSecret[10:],
-		edFullKey[:len(edFullKey)-4] + "AAA=", "whsk_" + edPubKey[5:len(edPubKey)-3], "whpk_" + edPubKey[5:len(edPubKey)-3],
+		edBadHalf, "whsk_" + edPubKey[5:len(edPubKey)-3], "whpk_" + edPubKey[5:len(edPubKey)-3],
 		"short-" + stripeSecret2[:6],
 	}
 	for _, k := range badKeys {
@@ -258,7 +258,7 @@ func TestPublicKey(t *testing.T) {
 		{specSecret, "", signer.ErrInvalidSecret},
 		{"whsk_", "", signer.ErrInvalidSecret},
 		{"whsk_%%%", "", signer.ErrInvalidSecret},
-		{edFullKey[:len(edFullKey)-4] + "AAA=", "", signer.ErrInvalidSecret},
+		{edBadHalf, "", signer.ErrInvalidSecret},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -293,7 +293,7 @@ func TestValidateSecret(t *testing.T) {
 		{"prefix only", "whsec_", false},
 		{"private seed", edSeedKey, true},
 		{"private seed||public", edFullKey, true},
-		{"private, bad public half", edFullKey[:len(edFullKey)-4] + "AAA=", false},
+		{"private, bad public half", edBadHalf, false},
 		{"private, 48 bytes", "whsk_" + b64(48), false},
 		{"public key", edPubKey, false},
 	}

@@ -33,6 +33,7 @@ const (
 	edSeedKey = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A="                                             // 32-byte seed form
 	edFullKey = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2DXWpgBgrEKt9VL/tPJZAc6DuFy89qmIyWvAhpo9wdRGg==" // seed||public form
 	edPubKey  = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="
+	edBadHalf = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==" // the seed with a zero public half
 	edID      = "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"
 	edTS      = 1674087231
 	edBody    = `{"type":"contact.created","timestamp":"2022-11-03T20:26:10.344522Z","data":{"id":"1f81eb52-5198-4599-803e-771906343485"}}`
@@ -337,7 +338,7 @@ func TestStandardSignErrors(t *testing.T) {
 		{"public key", http.Header{}, "msg_1", ts, []string{edPubKey}, signer.ErrInvalidSecret},
 		{"good then public key", http.Header{}, "msg_1", ts, []string{specSecret, edPubKey}, signer.ErrInvalidSecret},
 		{"private key of 31 bytes", http.Header{}, "msg_1", ts, []string{"whsk_" + strings.Repeat("A", 42) + "=="}, signer.ErrInvalidSecret},
-		{"private key with wrong public half", http.Header{}, "msg_1", ts, []string{edFullKey[:len(edFullKey)-4] + "AAA="}, signer.ErrInvalidSecret},
+		{"private key with wrong public half", http.Header{}, "msg_1", ts, []string{edBadHalf}, signer.ErrInvalidSecret},
 		{"nil header", nil, "msg_1", ts, []string{specSecret}, nil},
 		{"empty id", http.Header{}, "", ts, []string{specSecret}, nil},
 		{"id with dot", http.Header{}, "msg.1", ts, []string{specSecret}, nil},
