@@ -121,3 +121,11 @@ func (s *Store) exec(ctx context.Context, q Querier, query string, args ...any) 
 	}
 	return q.ExecContext(ctx, query, args...)
 }
+
+// EnqueueQueries are the statements InsertEvent runs, for Prepare.
+func (s *Store) EnqueueQueries() []string {
+	if s.Dialect == Postgres {
+		return []string{pgEnqueue}
+	}
+	return []string{sqliteInsertEvent, sqliteInsertDeliveries}
+}

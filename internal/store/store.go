@@ -91,12 +91,12 @@ func (s *Store) Close() error {
 	return first
 }
 
-// Prepare prepares queries on the pool ahead of use, so that a hot statement
+// Prepare prepares queries (in their final, dialect-specific form) on the
+// pool ahead of use, so that a hot statement
 // later costs one round trip. It must run while the caller holds no
 // connection of a small pool: preparing takes one.
 func (s *Store) Prepare(ctx context.Context, queries ...string) error {
 	for _, q := range queries {
-		q = s.Rebind(q)
 		s.mu.Lock()
 		_, ok := s.stmts[q]
 		s.mu.Unlock()

@@ -1,0 +1,168 @@
+// Package testdb opens the real databases txhook's tests run against: a
+// fresh SQLite file per test, and a fresh PostgreSQL schema per test through
+// lib/pq or pgx's stdlib driver.
+//
+// PostgreSQL tests read the DSN from TXHOOK_TEST_POSTGRES_DSN and skip with
+// a message when it is unset; CI sets it and TXHOOK_REQUIRE_POSTGRES=1,
+// which turns the skip into a failure.
+package testdb
+
+import (
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // pgx's database/sql driver, "pgx"
+	_ "github.com/lib/pq"              // lib/pq, "postgres"
+	_ "github.com/mattn/go-sqlite3"    // SQLite, "sqlite3"
+)
+
+// EnvDSN names the environment variable holding the PostgreSQL DSN.
+const EnvDSN = "TXHOOK_TEST_POSTGRES_DSN"
+
+// EnvRequire, set to 1, makes a missing DSN fail the test instead of
+// skipping it.
+const EnvRequire = "TXHOOK_REQUIRE_POSTGRES"
+
+// Backend is one database a test runs against.
+type Backend struct {
+	Name   string // "sqlite", "postgres-libpq", "postgres-pgx"
+	Driver string // database/sql driver name
+}
+
+// Backends lists every backend: SQLite, and PostgreSQL through both
+// drivers.
+var Backends = []Backend{
+	{Name: "sqlite", Driver: "sqlite3"},
+	{Name: "postgres-libpq", Driver: "postgres"},
+	{Name: "postgres-pgx", Driver: "pgx"},
+}
+
+// Postgres reports whether the backend is PostgreSQL.
+func (b Backend) Postgres() bool { return b.Driver != "sqlite3" }
+
+// DB is an open test database.
+type DB struct {
+	*sql.DB
+	Backend Backend
+	// DSN opens another pool on the same database (and schema).
+	DSN string
+}
+
+// Open returns a fresh database for b, closed and removed when t ends.
+func Open(t testing.TB, b Backend) *DB {
+	t.Helper()
+	if !b.Postgres() {
+		return SQLite(t)
+	}
+	return Postgres(t, b.Driver)
+}
+
+// Each runs fn as a parallel subtest on every backend.
+func Each(t *testing.T, fn func(t *testing.T, db *DB)) {
+	t.Helper()
+	for _, b := range Backends {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, Open(t, b))
+		})
+	}
+}
+
+// SQLiteDSN is the DSN txhook recommends for a SQLite file: WAL so readers
+// do not block the writer, a busy timeout so writers wait for each other,
+// and IMMEDIATE transactions so a transaction that reads and then writes
+// never fails on lock upgrade.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate&_foreign_keys=on"
+}
+
+// SQLite returns a fresh SQLite database in a temporary directory.
+func SQLite(t testing.TB) *DB {
+	t.Helper()
+	dsn := SQLiteDSN(filepath.Join(t.TempDir(), "txhook.db"))
+	db, err := sql.Open("sqlite3", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return &DB{DB: db, Backend: Backends[0], DSN: dsn}
+}
+
+// PostgresDSN returns the configured DSN, skipping (or failing, in CI) the
+// test when there is none.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv(EnvDSN)
+	if dsn == "" {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("%s is not set but %s=1: PostgreSQL tests are mandatory here", EnvDSN, EnvRequire)
+		}
+		t.Skipf("PostgreSQL test skipped: set %s (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run it", EnvDSN)
+	}
+	return dsn
+}
+
+// Postgres returns a pool on a fresh schema of the configured PostgreSQL
+// database, through driver ("postgres" for lib/pq, "pgx" for pgx). The
+// schema is dropped when t ends.
+func Postgres(t testing.TB, driver string) *DB {
+	t.Helper()
+	base := PostgresDSN(t)
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	schema := "txhook_test_" + hex.EncodeToString(rnd[:])
+
+	admin, err := sql.Open("postgres", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	dsn, err := withSearchPath(base, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.Close()
+		admin, err := sql.Open("postgres", base)
+		if err != nil {
+			return
+		}
+		defer admin.Close()
+		_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
+	})
+	b := Backends[1]
+	if driver == "pgx" {
+		b = Backends[2]
+	}
+	return &DB{DB: db, Backend: b, DSN: dsn}
+}
+
+// withSearchPath adds search_path to a URL or key=value DSN; both lib/pq
+// and pgx pass it to the server as a run-time parameter.
+func withSearchPath(dsn, schema string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("testdb: bad DSN: %w", err)
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return dsn + " search_path=" + schema, nil
+}

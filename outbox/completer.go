@@ -1,0 +1,137 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/txhook/txhook/internal/store"
+)
+
+// completer writes outcomes back in batches. It takes whatever has queued
+// up while the previous write ran, so batches grow with load and a lone
+// completion is written at once.
+type completer struct {
+	r       *Relay
+	in      chan outcome
+	done    chan struct{}
+	closeMu sync.Mutex
+	closed  bool
+	// abort, once closed, makes flushes give up instead of retrying: the
+	// leases of whatever is dropped expire and other relays redo it.
+	abort     chan struct{}
+	abortOnce sync.Once
+}
+
+const maxCompletionBatch = 500
+
+func newCompleter(r *Relay, size int) *completer {
+	return &completer{
+		r:     r,
+		in:    make(chan outcome, size),
+		done:  make(chan struct{}),
+		abort: make(chan struct{}),
+	}
+}
+
+// outcome is a completion with what the logs and callbacks need.
+type outcome struct {
+	store.Completion
+	eventID, eventType, tenant, endpointID string
+}
+
+func (c *completer) add(x outcome) { c.in <- x }
+
+// close flushes what is queued and stops, giving up on the database when
+// ctx ends.
+func (c *completer) close(ctx context.Context) {
+	c.closeMu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.in)
+	}
+	c.closeMu.Unlock()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		c.giveUp()
+		<-c.done
+	}
+}
+
+func (c *completer) giveUp() { c.abortOnce.Do(func() { close(c.abort) }) }
+
+func (c *completer) run(ctx context.Context) {
+	defer close(c.done)
+	batch := make([]outcome, 0, maxCompletionBatch)
+	rows := make([]store.Completion, 0, maxCompletionBatch)
+	for {
+		x, ok := <-c.in
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], x)
+	drain:
+		for len(batch) < maxCompletionBatch {
+			select {
+			case x, ok := <-c.in:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, x)
+			default:
+				break drain
+			}
+		}
+		rows = rows[:0]
+		for i := range batch {
+			rows = append(rows, batch[i].Completion)
+		}
+		c.flush(ctx, batch, rows)
+	}
+}
+
+func (c *completer) flush(ctx context.Context, batch []outcome, rows []store.Completion) {
+	r := c.r
+	backoff := 50 * time.Millisecond
+	for {
+		applied, err := r.st.Complete(ctx, r.cfg.ID, r.clock.Now(), rows)
+		if err == nil {
+			c.report(batch, applied)
+			return
+		}
+		r.log.Warn("txhook: writing delivery outcomes failed; retrying", "deliveries", len(batch), "error", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-c.abort:
+			t.Stop()
+			r.log.Warn("txhook: relay stopping with outcomes unwritten; their leases will expire and the deliveries be retried", "deliveries", len(batch))
+			return
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// report logs what the batch did and tells the host about dead letters.
+func (c *completer) report(batch []outcome, applied []int64) {
+	r := c.r
+	ok := make(map[int64]bool, len(applied))
+	for _, id := range applied {
+		ok[id] = true
+	}
+	for i := range batch {
+		x := &batch[i]
+		if !ok[x.ID] {
+			r.log.Warn("txhook: lease lost before the outcome was written; another relay owns the delivery now",
+				"delivery", x.ID, "attempt", x.Attempt)
+			continue
+		}
+		if x.State == store.StateDead {
+			r.deadLettered(x)
+		}
+	}
+}

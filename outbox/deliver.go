@@ -1,0 +1,202 @@
+package outbox
+
+import (
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/txhook/txhook/internal/store"
+	"github.com/txhook/txhook/retry"
+)
+
+// Header names set on every request besides the signer's.
+const (
+	// HeaderEventType carries the event type, so receivers can route or
+	// ignore a request before parsing the body.
+	HeaderEventType = "Webhook-Event-Type"
+	// HeaderEventID carries the event ID; the Standard scheme also signs it.
+	HeaderEventID = "Webhook-Id"
+)
+
+var jsonContentType = []string{"application/json"}
+
+// process makes one attempt at j and returns its outcome and how long the
+// request took (0 when none was made).
+func (r *Relay) process(j *job) (outcome, time.Duration) {
+	c := &j.c
+	now := r.clock.Now()
+	out := newOutcome(j, now)
+	switch {
+	case r.stopping.Load(), time.Now().After(j.startBy):
+		// Stopping, or waited so long the lease might not cover a request.
+		return releaseOutcome(out, now), 0
+	case !c.EndpointFound:
+		return r.fail(out, now, now, 0, "endpoint no longer exists", "", true), 0
+	case !c.Enabled:
+		out.State, out.Attempts = store.StatePaused, c.Attempt-1
+		return out, 0
+	case c.LeaseLapsed && c.Attempt > r.cfg.Retry.MaxAttempts():
+		out.State, out.Attempts, out.Record = store.StateDead, c.Attempt-1, true
+		out.Error = out.Records[0].Error
+		return out, 0
+	}
+
+	secrets, err := r.secrets.active(c.Secrets, now)
+	if err == nil && len(secrets) == 0 {
+		err = errors.New("endpoint has no active signing secret")
+	}
+	body := envelope(c)
+	h := make(http.Header, 8)
+	h["Content-Type"] = jsonContentType
+	h[HeaderEventID] = []string{c.EventID}
+	h[HeaderEventType] = []string{c.Type}
+	if err == nil {
+		err = r.cfg.Signer.Sign(h, c.EventID, now, body, secrets)
+	}
+	if err != nil {
+		r.log.Error("txhook: cannot sign delivery; fix the endpoint's secrets", "endpoint", c.EndpointID, "error", err)
+		return r.fail(out, now, now, 0, "signing failed: "+err.Error(), "", false), 0
+	}
+
+	res := r.client.Post(r.httpCtx, c.URL, h, body)
+	rec := store.AttemptRecord{
+		Attempt: c.Attempt, StartedAt: now, Duration: res.Duration,
+		Status: res.Status, Excerpt: string(res.Excerpt),
+	}
+	if res.OK() {
+		out.Records = append(out.Records, rec)
+		out.State, out.Attempts, out.Record, out.Status = store.StateSucceeded, c.Attempt, true, res.Status
+		r.log.Debug("txhook: delivered", "event", c.EventID, "endpoint", c.EndpointID, "attempt", c.Attempt, "status", res.Status)
+		return out, res.Duration
+	}
+	msg := res.Err.Error()
+	if r.httpCtx.Err() != nil {
+		msg = "relay stopped during the request: " + msg
+	}
+	rec.Error = msg
+	out.Records = append(out.Records, rec)
+	out.Status = res.Status
+	hint := ""
+	if res.Status == http.StatusTooManyRequests || res.Status == http.StatusServiceUnavailable {
+		hint = res.RetryAfter
+	}
+	return r.fail(out, now, r.clock.Now(), res.Status, msg, hint, false), res.Duration
+}
+
+// fail schedules the next attempt after a failed one, or dead-letters the
+// delivery when the policy has no attempt left (or final is set).
+func (r *Relay) fail(out outcome, started, now time.Time, status int, msg, retryAfter string, final bool) outcome {
+	out.Attempts, out.Record, out.Status, out.Error = out.Attempt, true, status, msg
+	if len(out.Records) == 0 || out.Records[len(out.Records)-1].Attempt != out.Attempt {
+		out.Records = append(out.Records, store.AttemptRecord{Attempt: out.Attempt, StartedAt: started, Status: status, Error: msg})
+	}
+	delay, ok := r.cfg.Retry.Next(out.Attempt)
+	if final || !ok {
+		out.State = store.StateDead
+		return out
+	}
+	if retryAfter != "" {
+		if hint, ok := retry.ParseRetryAfter(retryAfter, now); ok {
+			// The hint counts from the response; the policy from the start.
+			delay = retry.WithRetryAfter(delay, hint+now.Sub(started), r.cfg.MaxRetryAfter)
+		}
+	}
+	next := started.Add(delay)
+	if next.Before(now) {
+		next = now
+	}
+	out.State, out.NextAt = store.StatePending, next
+	r.log.Warn("txhook: delivery failed; will retry", "event", out.eventID, "type", out.eventType,
+		"endpoint", out.endpointID, "attempt", out.Attempt, "status", status, "error", msg, "next_attempt_at", next)
+	return out
+}
+
+// newOutcome starts the outcome of j. If the previous holder of the
+// delivery died or stalled without recording its attempt, that attempt is
+// recorded now as failed.
+func newOutcome(j *job, now time.Time) outcome {
+	c := &j.c
+	out := outcome{
+		Completion: store.Completion{ID: c.ID, Attempt: c.Attempt},
+		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID,
+	}
+	if c.LeaseLapsed {
+		out.Records = append(out.Records, store.AttemptRecord{
+			Attempt: c.Attempt - 1, StartedAt: now,
+			Error: "lease expired: the relay holding this delivery stopped before recording the outcome",
+		})
+	}
+	return out
+}
+
+// releaseOutcome gives a claimed delivery back, due at `at`, without
+// spending its attempt.
+func releaseOutcome(out outcome, at time.Time) outcome {
+	out.State, out.Attempts, out.NextAt = store.StatePending, out.Attempt-1, at
+	return out
+}
+
+// postpone gives j back, due at `at`, without spending its attempt.
+func (r *Relay) postpone(j *job, at time.Time) outcome {
+	return releaseOutcome(newOutcome(j, r.clock.Now()), at)
+}
+
+func (r *Relay) deadLettered(x *outcome) {
+	r.log.Error("txhook: delivery dead-lettered after its last attempt", "event", x.eventID, "type", x.eventType,
+		"tenant", x.tenant, "endpoint", x.endpointID, "attempts", x.Attempts, "status", x.Status, "error", x.Error)
+	if r.cfg.OnDeadLetter != nil {
+		r.cfg.OnDeadLetter(DeadLetterNotice{
+			DeliveryID: x.ID, EventID: x.eventID, EventType: x.eventType, Tenant: x.tenant,
+			EndpointID: x.endpointID, Attempts: x.Attempts, LastStatus: x.Status, LastError: x.Error,
+		})
+	}
+}
+
+// envelope builds the request body: the Standard Webhooks payload shape
+// around the stored payload, which is copied, never re-encoded. Event IDs
+// and types are restricted to characters that need no JSON escaping.
+func envelope(c *store.Claimed) []byte {
+	b := make([]byte, 0, len(c.Payload)+len(c.EventID)+len(c.Type)+80)
+	b = append(b, `{"id":"`...)
+	b = append(b, c.EventID...)
+	b = append(b, `","type":"`...)
+	b = append(b, c.Type...)
+	b = append(b, `","timestamp":"`...)
+	b = c.EventTime.UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z")
+	b = append(b, `","data":`...)
+	b = append(b, c.Payload...)
+	b = append(b, '}')
+	return b
+}
+
+// secretCache decodes endpoints' stored secrets once per distinct value.
+type secretCache struct {
+	mu sync.Mutex
+	m  map[string][]Secret
+}
+
+func (sc *secretCache) active(raw []byte, now time.Time) ([]string, error) {
+	sc.mu.Lock()
+	ss, ok := sc.m[string(raw)]
+	sc.mu.Unlock()
+	if !ok {
+		var err error
+		if ss, err = decodeSecrets(raw); err != nil {
+			return nil, err
+		}
+		sc.mu.Lock()
+		if sc.m == nil || len(sc.m) > 10000 {
+			sc.m = map[string][]Secret{}
+		}
+		sc.m[string(raw)] = ss
+		sc.mu.Unlock()
+	}
+	out := make([]string, 0, len(ss))
+	for _, s := range ss {
+		if s.Active(now) {
+			out = append(out, s.Value)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,342 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/txhook/txhook/internal/safehttp"
+	"github.com/txhook/txhook/internal/store"
+	"github.com/txhook/txhook/signer"
+)
+
+// Endpoint is a tenant's webhook receiver.
+type Endpoint struct {
+	ID          string
+	Tenant      string
+	URL         string
+	Description string
+	// EventTypes are the subscribed types: exact names and "prefix.*"
+	// wildcards ("*" alone matches everything). Empty means every type.
+	EventTypes []string
+	// Secrets sign each request, newest first; expired ones are skipped.
+	// There is more than one during a rotation overlap.
+	Secrets        []Secret
+	Enabled        bool
+	DisabledReason string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+// Secret is an endpoint's signing secret. Its String, LogValue and
+// MarshalJSON methods mask it, so printing, logging or serialising an
+// Endpoint never leaks it; read Value to show it to its owner.
+type Secret struct {
+	Value     string
+	ExpiresAt time.Time // zero: does not expire
+}
+
+// Active reports whether the secret still signs at t.
+func (s Secret) Active(t time.Time) bool { return s.ExpiresAt.IsZero() || t.Before(s.ExpiresAt) }
+
+// Masked returns the secret's prefix and last four characters.
+func (s Secret) Masked() string {
+	v := s.Value
+	prefix := ""
+	if i := strings.IndexByte(v, '_'); i >= 0 && i < 6 {
+		prefix, v = v[:i+1], v[i+1:]
+	}
+	if len(v) <= 8 {
+		return prefix + "****"
+	}
+	return prefix + "****" + v[len(v)-4:]
+}
+
+// String returns the masked secret.
+func (s Secret) String() string { return s.Masked() }
+
+// GoString returns the masked secret, for %#v.
+func (s Secret) GoString() string { return "outbox.Secret{" + s.Masked() + "}" }
+
+// LogValue returns the masked secret for log/slog.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.Masked()) }
+
+// MarshalJSON writes the masked secret and its expiry.
+func (s Secret) MarshalJSON() ([]byte, error) {
+	v := struct {
+		Masked    string     `json:"masked"`
+		ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	}{Masked: s.Masked()}
+	if !s.ExpiresAt.IsZero() {
+		v.ExpiresAt = &s.ExpiresAt
+	}
+	return json.Marshal(v)
+}
+
+// storedSecret is the database form of a Secret.
+type storedSecret struct {
+	Secret    string     `json:"secret"`
+	ExpiresAt *time.Time `json:"expires_at"`
+}
+
+func encodeSecrets(ss []Secret) []byte {
+	out := make([]storedSecret, len(ss))
+	for i, s := range ss {
+		out[i].Secret = s.Value
+		if !s.ExpiresAt.IsZero() {
+			t := s.ExpiresAt.UTC()
+			out[i].ExpiresAt = &t
+		}
+	}
+	b, _ := json.Marshal(out)
+	return b
+}
+
+func decodeSecrets(b []byte) ([]Secret, error) {
+	var in []storedSecret
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, fmt.Errorf("txhook: stored secrets: %w", err)
+	}
+	out := make([]Secret, len(in))
+	for i, s := range in {
+		out[i].Value = s.Secret
+		if s.ExpiresAt != nil {
+			out[i].ExpiresAt = s.ExpiresAt.UTC()
+		}
+	}
+	return out, nil
+}
+
+// NewEndpoint describes an endpoint to create.
+type NewEndpoint struct {
+	Tenant      string
+	URL         string
+	Description string
+	EventTypes  []string
+	// Secret signs requests. Empty means a new "whsec_" secret from
+	// crypto/rand (recommended). A supplied secret is a Standard Webhooks
+	// "whsec_" secret or "whsk_" ed25519 key, or, for the Stripe-style
+	// scheme only, any string of 16 to 128 printable characters.
+	Secret string
+}
+
+// EndpointUpdate changes an endpoint; nil fields are left as they are.
+type EndpointUpdate struct {
+	URL         *string
+	Description *string
+	EventTypes  *[]string
+}
+
+var eventTypePattern = regexp.MustCompile(`^(\*|[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}|[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}\.\*)$`)
+
+func checkEventTypes(types []string) ([]byte, error) {
+	if types == nil {
+		types = []string{}
+	}
+	if len(types) > 100 {
+		return nil, fmt.Errorf("%w: more than 100 event types", ErrInvalidEndpoint)
+	}
+	for _, t := range types {
+		if !eventTypePattern.MatchString(t) {
+			return nil, fmt.Errorf("%w: event type %.64q: use a name such as payment.succeeded, a wildcard such as payment.*, or *", ErrInvalidEndpoint, t)
+		}
+	}
+	return json.Marshal(types)
+}
+
+func checkSecret(s string) error {
+	if strings.HasPrefix(s, "whsec_") || strings.HasPrefix(s, "whsk_") || strings.HasPrefix(s, "whpk_") {
+		return signer.ValidateSecret(s)
+	}
+	if len(s) < 16 || len(s) > 128 || !printable(s) || strings.ContainsAny(s, " \t") {
+		return fmt.Errorf("%w: want a whsec_ secret, a whsk_ key, or 16 to 128 printable characters", ErrInvalidSecret)
+	}
+	return nil
+}
+
+func (o *Outbox) checkURL(ctx context.Context, u string) error {
+	if len(u) > 2048 {
+		return fmt.Errorf("%w: longer than 2048 bytes", ErrInvalidURL)
+	}
+	return safehttp.CheckURL(ctx, u, o.target)
+}
+
+// CreateEndpoint registers an endpoint. The URL is checked first: absolute
+// http(s), https unless Config.AllowHTTP, and, unless
+// Config.AllowPrivateTargets, a host that resolves only to public
+// addresses. Errors match ErrInvalidURL, ErrInsecureURL, ErrForbiddenTarget,
+// ErrInvalidEndpoint or ErrInvalidSecret.
+func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, error) {
+	if ne.Tenant == "" || len(ne.Tenant) > 255 || !printable(ne.Tenant) {
+		return Endpoint{}, fmt.Errorf("%w: tenant must be 1 to 255 printable characters", ErrInvalidEndpoint)
+	}
+	if len(ne.Description) > 1024 || !utf8Valid(ne.Description) {
+		return Endpoint{}, fmt.Errorf("%w: description must be UTF-8 of at most 1024 bytes", ErrInvalidEndpoint)
+	}
+	types, err := checkEventTypes(ne.EventTypes)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	if err := o.checkURL(ctx, ne.URL); err != nil {
+		return Endpoint{}, err
+	}
+	secret := ne.Secret
+	if secret == "" {
+		if secret, err = signer.GenerateSecret(); err != nil {
+			return Endpoint{}, err
+		}
+	} else if err := checkSecret(secret); err != nil {
+		return Endpoint{}, err
+	}
+	now := o.clock.Now().UTC()
+	row := store.EndpointRow{
+		ID:          "ep_" + ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String(),
+		Tenant:      ne.Tenant,
+		URL:         ne.URL,
+		Description: ne.Description,
+		EventTypes:  types,
+		Secrets:     encodeSecrets([]Secret{{Value: secret}}),
+		Enabled:     true,
+		CreatedAt:   now,
+		UpdatedAt:   now,
+	}
+	if err := o.st.InsertEndpoint(ctx, o.db, row); err != nil {
+		return Endpoint{}, fmt.Errorf("txhook: create endpoint: %w", err)
+	}
+	return endpointFromRow(row)
+}
+
+// UpdateEndpoint changes an endpoint's URL, description or event types.
+// Deliveries already queued go to the new URL from their next attempt.
+func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdate) (Endpoint, error) {
+	row, err := o.endpointRow(ctx, id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	if up.URL != nil {
+		if err := o.checkURL(ctx, *up.URL); err != nil {
+			return Endpoint{}, err
+		}
+		row.URL = *up.URL
+	}
+	if up.Description != nil {
+		if len(*up.Description) > 1024 || !utf8Valid(*up.Description) {
+			return Endpoint{}, fmt.Errorf("%w: description must be UTF-8 of at most 1024 bytes", ErrInvalidEndpoint)
+		}
+		row.Description = *up.Description
+	}
+	if up.EventTypes != nil {
+		if row.EventTypes, err = checkEventTypes(*up.EventTypes); err != nil {
+			return Endpoint{}, err
+		}
+	}
+	row.UpdatedAt = o.clock.Now().UTC()
+	if err := o.st.UpdateEndpoint(ctx, o.db, row); err != nil {
+		return Endpoint{}, o.endpointErr(id, err)
+	}
+	return endpointFromRow(row)
+}
+
+// DisableEndpoint stops deliveries to an endpoint. Its queued deliveries
+// wait, spending no attempts, until it is enabled again; events enqueued
+// while it is disabled are not queued for it.
+func (o *Outbox) DisableEndpoint(ctx context.Context, id, reason string) error {
+	if len(reason) > 1024 {
+		reason = reason[:1024]
+	}
+	return o.endpointErr(id, o.st.SetEndpointEnabled(ctx, id, false, reason, o.clock.Now()))
+}
+
+// EnableEndpoint resumes deliveries to an endpoint; the deliveries that
+// waited while it was disabled become due at once.
+func (o *Outbox) EnableEndpoint(ctx context.Context, id string) error {
+	err := o.st.SetEndpointEnabled(ctx, id, true, "", o.clock.Now())
+	if err == nil {
+		o.wake(ctx)
+	}
+	return o.endpointErr(id, err)
+}
+
+// DeleteEndpoint removes an endpoint and its unfinished deliveries. Its
+// dead letters remain for the record but can no longer be replayed.
+func (o *Outbox) DeleteEndpoint(ctx context.Context, id string) error {
+	return o.endpointErr(id, o.st.DeleteEndpoint(ctx, id))
+}
+
+// Endpoint returns one endpoint.
+func (o *Outbox) Endpoint(ctx context.Context, id string) (Endpoint, error) {
+	row, err := o.endpointRow(ctx, id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	return endpointFromRow(row)
+}
+
+// Endpoints returns a tenant's endpoints.
+func (o *Outbox) Endpoints(ctx context.Context, tenant string) ([]Endpoint, error) {
+	rows, err := o.st.ListEndpoints(ctx, tenant, false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Endpoint, 0, len(rows))
+	for _, r := range rows {
+		e, err := endpointFromRow(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func (o *Outbox) endpointRow(ctx context.Context, id string) (store.EndpointRow, error) {
+	row, err := o.st.GetEndpoint(ctx, o.db, id)
+	return row, o.endpointErr(id, err)
+}
+
+func (o *Outbox) endpointErr(id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if store.IsNotFound(err) {
+		return fmt.Errorf("%w: %.64q", ErrEndpointNotFound, id)
+	}
+	return err
+}
+
+// wake tells relays that deliveries became due outside Enqueue.
+func (o *Outbox) wake(ctx context.Context) {
+	if o.st.Dialect == store.SQLite {
+		o.st.WakeLocal()
+		return
+	}
+	if o.cfg.NotifyInterval > 0 {
+		_, _ = o.db.ExecContext(ctx, "SELECT pg_notify('"+store.WakeChannel+"', '')")
+	}
+}
+
+func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
+	e := Endpoint{
+		ID: r.ID, Tenant: r.Tenant, URL: r.URL, Description: r.Description,
+		Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+	if err := json.Unmarshal(r.EventTypes, &e.EventTypes); err != nil {
+		return Endpoint{}, fmt.Errorf("txhook: stored event types: %w", err)
+	}
+	var err error
+	if e.Secrets, err = decodeSecrets(r.Secrets); err != nil {
+		return Endpoint{}, err
+	}
+	return e, nil
+}
+
+// utf8Valid reports whether s is valid UTF-8 without NUL bytes, which
+// PostgreSQL text cannot hold.
+func utf8Valid(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }

@@ -1,0 +1,137 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/txhook/txhook/internal/store"
+)
+
+// Tx is what Enqueue writes through: *sql.Tx and *sqlx.Tx (and *sql.DB or
+// *sql.Conn, outside a transaction) all satisfy it.
+type Tx interface {
+	store.Querier
+}
+
+// Event is a webhook event to enqueue.
+type Event struct {
+	// ID identifies the event to receivers (webhook-id), the same on every
+	// attempt and replay. Empty means a new ULID. Enqueuing an ID that
+	// exists is a no-op returning that ID. At most 128 characters of
+	// A-Z a-z 0-9 and _ . : -
+	ID string
+
+	// IdempotencyKey, when set, makes a repeated Enqueue of the same key for
+	// the same tenant a no-op that returns the first event's ID: use the
+	// business operation's own key (a payment ID and its state) so that a
+	// retried business transaction never sends the event twice. At most 255
+	// characters.
+	IdempotencyKey string
+
+	// Tenant is the merchant (or account) whose endpoints receive the event.
+	Tenant string
+
+	// Type names the event, such as "payment.succeeded": letters, digits
+	// and . _ : - (at most 255).
+	Type string
+
+	// Payload is the event's data as JSON. It is sent verbatim as the "data"
+	// member of the envelope.
+	Payload []byte
+}
+
+var (
+	idPattern   = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	typePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$`)
+)
+
+// Enqueue writes ev and one delivery per enabled endpoint of ev.Tenant that
+// subscribes to ev.Type, through tx, which should be the caller's business
+// transaction: a rollback leaves nothing, a commit makes the deliveries due
+// at once. It returns the event's ID.
+//
+// Invalid events are refused before anything is written, with errors
+// matching ErrInvalidEvent, ErrInvalidPayload or ErrPayloadTooLarge.
+//
+// On PostgreSQL the relays are woken by a NOTIFY sent when tx commits; on
+// SQLite, relays of this process are woken at once and wait for the write
+// lock, so they see the rows as soon as tx commits.
+func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
+	if err := o.validate(&ev); err != nil {
+		return "", err
+	}
+	now := o.clock.Now()
+	if ev.ID == "" {
+		ev.ID = ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
+	}
+	notify := false
+	if o.st.Dialect == store.Postgres && o.cfg.NotifyInterval > 0 {
+		notify = now.UnixNano()-o.lastNotify.Load() >= int64(o.cfg.NotifyInterval)
+	}
+	id, n, _, notified, err := o.st.InsertEvent(ctx, tx, store.NewEvent{
+		ID:             ev.ID,
+		Tenant:         ev.Tenant,
+		Type:           ev.Type,
+		Payload:        string(ev.Payload),
+		IdempotencyKey: ev.IdempotencyKey,
+		CreatedAt:      now,
+	}, notify)
+	if err != nil {
+		return "", fmt.Errorf("txhook: enqueue: %w", err)
+	}
+	if notified {
+		o.lastNotify.Store(now.UnixNano())
+	}
+	if n > 0 && o.st.Dialect == store.SQLite {
+		o.st.WakeLocal()
+	}
+	return id, nil
+}
+
+func (o *Outbox) validate(ev *Event) error {
+	switch {
+	case ev.Tenant == "":
+		return fmt.Errorf("%w: tenant is empty", ErrInvalidEvent)
+	case len(ev.Tenant) > 255:
+		return fmt.Errorf("%w: tenant longer than 255 bytes", ErrInvalidEvent)
+	case ev.Type == "":
+		return fmt.Errorf("%w: type is empty", ErrInvalidEvent)
+	case !typePattern.MatchString(ev.Type):
+		return fmt.Errorf("%w: type %.64q: use letters, digits and . _ : - (at most 255)", ErrInvalidEvent, ev.Type)
+	case ev.ID != "" && !idPattern.MatchString(ev.ID):
+		return fmt.Errorf("%w: ID %.64q: use letters, digits and _ . : - (at most 128)", ErrInvalidEvent, ev.ID)
+	case !printable(ev.Tenant):
+		return fmt.Errorf("%w: tenant must be printable UTF-8", ErrInvalidEvent)
+	case len(ev.IdempotencyKey) > 255:
+		return fmt.Errorf("%w: idempotency key longer than 255 bytes", ErrInvalidEvent)
+	case !printable(ev.IdempotencyKey):
+		return fmt.Errorf("%w: idempotency key must be printable UTF-8", ErrInvalidEvent)
+	case len(ev.Payload) > o.cfg.MaxPayloadBytes:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, len(ev.Payload), o.cfg.MaxPayloadBytes)
+	case len(ev.Payload) == 0:
+		return fmt.Errorf("%w: payload is empty", ErrInvalidPayload)
+	case !json.Valid(ev.Payload):
+		return ErrInvalidPayload
+	}
+	return nil
+}
+
+// printable reports whether s is valid UTF-8 without control characters,
+// which databases and log lines both handle badly.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}

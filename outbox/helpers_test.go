@@ -1,0 +1,185 @@
+package outbox_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/outbox"
+)
+
+// waitFor is how long tests wait for something asynchronous: generous, as
+// CI machines are small and busy. Waiting uses polling on real state, never
+// a fixed sleep standing in for synchronisation.
+const waitFor = 60 * time.Second
+
+type bundle struct {
+	t   *testing.T
+	db  *testdb.DB
+	ob  *outbox.Outbox
+	ctx context.Context
+}
+
+// setup opens an outbox on db with its schema migrated. Receivers in tests
+// live on loopback over http, so both are allowed.
+func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	cfg.AllowHTTP = true
+	cfg.AllowPrivateTargets = true
+	if db.Backend.Driver == "postgres" && cfg.ListenDSN == "" {
+		cfg.ListenDSN = db.DSN
+	}
+	ob, err := outbox.New(ctx, db.DB, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	return &bundle{t: t, db: db, ob: ob, ctx: ctx}
+}
+
+// endpoint registers an endpoint of tenant for url.
+func (b *bundle) endpoint(tenant, url string, types ...string) outbox.Endpoint {
+	b.t.Helper()
+	ep, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: tenant, URL: url, EventTypes: types})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return ep
+}
+
+// enqueue writes one event in its own committed transaction.
+func (b *bundle) enqueue(ev outbox.Event) string {
+	b.t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	id, err := b.ob.Enqueue(b.ctx, tx, ev)
+	if err != nil {
+		tx.Rollback()
+		b.t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		b.t.Fatal(err)
+	}
+	return id
+}
+
+// relay starts a relay and stops it when the test ends.
+func (b *bundle) relay(cfg outbox.RelayConfig) *outbox.Relay {
+	b.t.Helper()
+	r, err := b.ob.NewRelay(cfg)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if err := r.Start(b.ctx); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			b.t.Errorf("relay stop: %v", err)
+		}
+	})
+	return r
+}
+
+// count runs a COUNT query.
+func (b *bundle) count(query string, args ...any) int {
+	b.t.Helper()
+	var n int
+	if err := b.db.QueryRowContext(b.ctx, b.rebind(query), args...).Scan(&n); err != nil {
+		b.t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+func (b *bundle) rebind(q string) string {
+	if !b.db.Backend.Postgres() {
+		return q
+	}
+	out := make([]byte, 0, len(q)+8)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			out = append(out, '$')
+			out = append(out, []byte(itoa(n))...)
+			continue
+		}
+		out = append(out, q[i])
+	}
+	return string(out)
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
+
+// eventually polls cond until it holds or waitFor passes.
+func (b *bundle) eventually(what string, cond func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// received is one request a test receiver got.
+type received struct {
+	Header http.Header
+	Body   []byte
+}
+
+// receiver is a loopback HTTP server that records requests and answers
+// with the status its handler picks.
+type receiver struct {
+	*httptest.Server
+	mu     sync.Mutex
+	reqs   []received
+	status func(n int, r *http.Request) int // n is the 1-based request count
+	got    chan received
+}
+
+func newReceiver(t *testing.T, status func(n int, r *http.Request) int) *receiver {
+	rc := &receiver{status: status, got: make(chan received, 100000)}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rec := received{Header: r.Header.Clone(), Body: body}
+		rc.mu.Lock()
+		rc.reqs = append(rc.reqs, rec)
+		n := len(rc.reqs)
+		rc.mu.Unlock()
+		code := http.StatusOK
+		if rc.status != nil {
+			code = rc.status(n, r)
+		}
+		w.WriteHeader(code)
+		rc.got <- rec
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *receiver) requests() []received {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]received(nil), rc.reqs...)
+}

@@ -1,0 +1,187 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/txhook/txhook/internal/clock"
+	"github.com/txhook/txhook/internal/safehttp"
+	"github.com/txhook/txhook/internal/store"
+	"github.com/txhook/txhook/signer"
+)
+
+// Clock tells the time and makes timers. Tests substitute a fake one; nil
+// means the wall clock.
+type Clock = clock.Clock
+
+// Timer is a one-shot timer made by a Clock.
+type Timer = clock.Timer
+
+// Default limits.
+const (
+	DefaultMaxPayloadBytes = 256 << 10
+	DefaultNotifyInterval  = 5 * time.Millisecond
+)
+
+// Config configures an Outbox. The zero value is ready for production on
+// PostgreSQL; local development against receivers on localhost needs
+// AllowHTTP and AllowPrivateTargets.
+type Config struct {
+	// Dialect is "postgres" or "sqlite". Empty means detected from the
+	// driver (lib/pq, pgx's stdlib, mattn/go-sqlite3) or by asking the
+	// database.
+	Dialect string
+
+	// MaxPayloadBytes is the largest event payload Enqueue accepts.
+	// Default 256 KiB.
+	MaxPayloadBytes int
+
+	// AllowHTTP allows plain http:// endpoint URLs. Default: https only.
+	AllowHTTP bool
+
+	// AllowPrivateTargets allows endpoint URLs that resolve to loopback,
+	// private, link-local and other non-public addresses, at registration
+	// and when connecting. Only for local development and tests: it lets
+	// whoever registers an endpoint make the relay call into your network.
+	AllowPrivateTargets bool
+
+	// NotifyInterval is, on PostgreSQL, the least time between two wake-up
+	// notifications this Outbox adds to enqueuing transactions. NOTIFY
+	// serialises the commits of the transactions that send one, so sending
+	// one per Enqueue would halve the enqueue rate under load; a relay that
+	// was just woken keeps polling briefly and picks up the events committed
+	// in between. Default 5 ms; negative turns NOTIFY off (polling only).
+	NotifyInterval time.Duration
+
+	// ListenDSN is, on PostgreSQL with lib/pq, the connection string the
+	// relay uses for its LISTEN connection (lib/pq cannot listen through
+	// database/sql). With pgx's stdlib driver it is not needed: the relay
+	// listens on one connection of the pool. Empty with lib/pq means the
+	// relay polls.
+	ListenDSN string
+
+	// Clock is the time source; nil means the wall clock.
+	Clock Clock
+
+	// Logger receives the library's logs; nil means slog.Default().
+	// Secrets are never logged.
+	Logger *slog.Logger
+}
+
+// Outbox is txhook's handle on one database: it enqueues events, manages
+// endpoints and makes relays. It is safe for concurrent use.
+type Outbox struct {
+	db     *sql.DB
+	st     *store.Store
+	cfg    Config
+	clock  Clock
+	log    *slog.Logger
+	target safehttp.Config
+
+	lastNotify atomic.Int64 // unix nanoseconds of the last queued NOTIFY
+}
+
+// New returns an Outbox on db. It prepares the Enqueue statement, so the
+// schema must exist (see Migrate) unless the statement cannot be prepared
+// yet, in which case Enqueue prepares nothing and costs one more round trip
+// with lib/pq.
+func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
+	if db == nil {
+		return nil, errors.New("txhook: outbox.New: nil *sql.DB")
+	}
+	var d store.Dialect
+	switch cfg.Dialect {
+	case "":
+		var err error
+		if d, err = store.Detect(ctx, db); err != nil {
+			return nil, err
+		}
+	case "postgres", "postgresql", "pgx":
+		d = store.Postgres
+	case "sqlite", "sqlite3":
+		d = store.SQLite
+	default:
+		return nil, fmt.Errorf("txhook: unknown dialect %q (want postgres or sqlite)", cfg.Dialect)
+	}
+	if cfg.MaxPayloadBytes <= 0 {
+		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if cfg.NotifyInterval == 0 {
+		cfg.NotifyInterval = DefaultNotifyInterval
+	}
+	o := &Outbox{
+		db:    db,
+		st:    store.New(db, d),
+		cfg:   cfg,
+		clock: clock.OrReal(cfg.Clock),
+		log:   cfg.Logger,
+		target: safehttp.Config{
+			AllowHTTP:    cfg.AllowHTTP,
+			AllowPrivate: cfg.AllowPrivateTargets,
+		},
+	}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	o.prepare(ctx)
+	return o, nil
+}
+
+// prepare readies the hot statements; before Migrate has run they cannot
+// be prepared, and Migrate calls it again.
+func (o *Outbox) prepare(ctx context.Context) {
+	_ = o.st.Prepare(ctx, o.st.EnqueueQueries()...)
+}
+
+// DB returns the database the Outbox was made with.
+func (o *Outbox) DB() *sql.DB { return o.db }
+
+// Dialect returns "postgres" or "sqlite".
+func (o *Outbox) Dialect() string { return o.st.Dialect.String() }
+
+// Migrate creates or upgrades txhook's tables. It is idempotent and safe to
+// run from several processes at once. The same schema is available as plain
+// SQL files under internal/store/migrations for teams that apply migrations
+// with their own tool.
+func (o *Outbox) Migrate(ctx context.Context) error {
+	if _, err := o.st.Migrate(ctx); err != nil {
+		return err
+	}
+	o.prepare(ctx)
+	return nil
+}
+
+// Close releases the Outbox's prepared statements. It does not close the
+// database.
+func (o *Outbox) Close() error { return o.st.Close() }
+
+// Errors. Each is returned wrapped with detail; test with errors.Is.
+var (
+	// ErrInvalidEvent: the event is missing a tenant or type, or has a
+	// malformed ID, type or idempotency key.
+	ErrInvalidEvent = errors.New("txhook: invalid event")
+	// ErrInvalidPayload: the payload is not valid JSON.
+	ErrInvalidPayload = errors.New("txhook: payload is not valid JSON")
+	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("txhook: payload too large")
+
+	// ErrInvalidEndpoint: an endpoint field other than the URL is invalid.
+	ErrInvalidEndpoint = errors.New("txhook: invalid endpoint")
+	// ErrEndpointNotFound: no endpoint has that ID.
+	ErrEndpointNotFound = errors.New("txhook: endpoint not found")
+	// ErrInvalidURL: the endpoint URL is not an absolute http(s) URL
+	// without credentials.
+	ErrInvalidURL = safehttp.ErrInvalidURL
+	// ErrInsecureURL: the URL is plain http and Config.AllowHTTP is off.
+	ErrInsecureURL = safehttp.ErrInsecureScheme
+	// ErrForbiddenTarget: the URL's host is, or resolves to, a loopback,
+	// private, link-local, metadata or otherwise non-public address.
+	ErrForbiddenTarget = safehttp.ErrForbiddenAddress
+	// ErrInvalidSecret: a supplied signing secret is not usable.
+	ErrInvalidSecret = signer.ErrInvalidSecret
+)

@@ -1,0 +1,421 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/txhook/txhook/internal/safehttp"
+	"github.com/txhook/txhook/internal/store"
+)
+
+// Relay claims due deliveries, sends them and records the outcome. Any
+// number of relays, in one process or many, can share a PostgreSQL outbox.
+//
+// The pipeline: one goroutine claims batches under a lease and hands each
+// delivery to a per-endpoint queue; Concurrency workers send them; a
+// completion goroutine writes outcomes back in batches, each batch one
+// statement on PostgreSQL.
+type Relay struct {
+	o      *Outbox
+	st     *store.Store
+	cfg    RelayConfig
+	clock  Clock
+	log    *slog.Logger
+	client *safehttp.Client
+
+	mu      sync.Mutex
+	started bool
+	eps     map[string]*endpointQueue
+
+	ready    chan *job
+	held     atomic.Int64 // jobs claimed and not yet handed to the completer
+	freed    chan struct{}
+	wakeCh   chan struct{}
+	stopping atomic.Bool
+
+	fetchCancel context.CancelFunc
+	httpCancel  context.CancelFunc
+	httpCtx     context.Context
+	bgCancel    context.CancelFunc
+	fetchDone   chan struct{}
+	quit        chan struct{}
+	workers     sync.WaitGroup
+	comp        *completer
+	stopOnce    sync.Once
+	stopped     chan struct{}
+	stopErr     error
+
+	secrets secretCache
+}
+
+// job is one claimed delivery in memory.
+type job struct {
+	c store.Claimed
+	// startBy is the last local time at which sending may begin with the
+	// whole request still inside the lease.
+	startBy time.Time
+}
+
+type endpointQueue struct {
+	inflight int
+	waiting  []*job
+	ewma     time.Duration // recent request duration
+}
+
+// ErrRelayStarted is returned by Start on a relay that was started before.
+var ErrRelayStarted = errors.New("txhook: relay already started")
+
+// NewRelay returns a relay for the outbox. Start it with Start.
+func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{
+		o:     o,
+		st:    o.st,
+		cfg:   cfg,
+		clock: o.clock,
+		log:   o.relayLogger().With("relay", cfg.ID),
+		client: safehttp.New(safehttp.Config{
+			AllowHTTP:           o.cfg.AllowHTTP,
+			AllowPrivate:        o.cfg.AllowPrivateTargets,
+			Timeout:             cfg.Timeout,
+			ConnectTimeout:      cfg.ConnectTimeout,
+			MaxRedirects:        cfg.MaxRedirects,
+			MaxBodyBytes:        cfg.MaxResponseBytes,
+			MaxIdleConnsPerHost: cfg.EndpointConcurrency,
+		}),
+		eps:     map[string]*endpointQueue{},
+		ready:   make(chan *job, cfg.Concurrency+cfg.BatchSize),
+		freed:   make(chan struct{}, 1),
+		wakeCh:  make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	return r, nil
+}
+
+// ID returns the relay's lease owner name.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// Start begins claiming and delivering in the background and returns. If
+// ctx is cancelled the relay stops at once, as Stop with an expired
+// context would.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	if r.started {
+		r.mu.Unlock()
+		return ErrRelayStarted
+	}
+	r.started = true
+	r.mu.Unlock()
+
+	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
+		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)
+	}
+
+	bg, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.bgCancel = bgCancel
+	fetchCtx, fetchCancel := context.WithCancel(bg)
+	r.fetchCancel = fetchCancel
+	r.httpCtx, r.httpCancel = context.WithCancel(bg)
+
+	r.comp = newCompleter(r, r.cfg.Concurrency+r.cfg.BatchSize)
+	go r.comp.run(bg)
+
+	r.workers.Add(r.cfg.Concurrency)
+	for range r.cfg.Concurrency {
+		go r.worker()
+	}
+
+	r.listen(fetchCtx)
+
+	r.fetchDone = make(chan struct{})
+	go r.fetchLoop(fetchCtx)
+
+	go func() {
+		select {
+		case <-ctx.Done():
+			expired, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = r.Stop(expired)
+		case <-r.stopped:
+		}
+	}()
+	return nil
+}
+
+// Stop stops claiming, releases the deliveries that have not started
+// (without spending an attempt), lets requests in flight finish until ctx
+// is done, then cancels them (they count as failed attempts and are
+// retried) and writes every outcome back. Whatever cannot be written back,
+// for instance because the database is unreachable, is picked up by another
+// relay when its lease expires. Stop returns ctx.Err() if ctx ended first.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	started := r.started
+	r.mu.Unlock()
+	if !started {
+		return nil
+	}
+	r.stopOnce.Do(func() {
+		r.stopErr = r.stop(ctx)
+		close(r.stopped)
+	})
+	<-r.stopped
+	return r.stopErr
+}
+
+func (r *Relay) stop(ctx context.Context) error {
+	r.stopping.Store(true)
+	r.fetchCancel()
+	<-r.fetchDone
+
+	// Release what is queued behind busy endpoints.
+	r.mu.Lock()
+	var waiting []*job
+	for _, q := range r.eps {
+		waiting = append(waiting, q.waiting...)
+		q.waiting = nil
+	}
+	r.mu.Unlock()
+	now := r.clock.Now()
+	for _, j := range waiting {
+		r.comp.add(r.postpone(j, now))
+		r.dropHeld()
+	}
+
+	// Wait for in-flight requests; workers release the jobs still in the
+	// ready queue because stopping is set.
+	var err error
+	for r.held.Load() > 0 {
+		select {
+		case <-r.freed:
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+				r.httpCancel()
+				r.comp.giveUp()
+			}
+			// Cancelled requests return promptly; keep waiting for them.
+			<-r.freed
+		}
+	}
+	close(r.quit)
+	r.workers.Wait()
+	r.httpCancel()
+
+	// Write everything back. If ctx is already over, allow a short grace:
+	// without it every outcome of this relay's last seconds would be
+	// redone after the lease expires.
+	flushCtx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		flushCtx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+	}
+	r.comp.close(flushCtx)
+	r.bgCancel()
+	return err
+}
+
+func (r *Relay) dropHeld() {
+	r.held.Add(-1)
+	select {
+	case r.freed <- struct{}{}:
+	default:
+	}
+}
+
+// Wake makes the relay look for due deliveries now.
+func (r *Relay) Wake() {
+	select {
+	case r.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// listen connects the relay to the outbox's wake-ups.
+func (r *Relay) listen(ctx context.Context) {
+	if r.st.Dialect == store.SQLite {
+		ch, unsubscribe := r.st.SubscribeLocal()
+		go func() {
+			defer unsubscribe()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-ch:
+					r.Wake()
+				}
+			}
+		}()
+		return
+	}
+	if r.o.cfg.NotifyInterval < 0 {
+		return
+	}
+	go func() {
+		backoff := 100 * time.Millisecond
+		for {
+			err := r.st.Listen(ctx, r.o.cfg.ListenDSN, r.Wake)
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, store.ErrNoListener) {
+				r.log.Info("txhook: NOTIFY wake-ups need pgx's stdlib driver or Config.ListenDSN; polling", "interval", r.cfg.PollInterval)
+				return
+			}
+			r.log.Warn("txhook: LISTEN connection failed; polling until it is back", "error", err)
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(backoff*2, 10*time.Second)
+		}
+	}()
+}
+
+// minPoll is the first re-poll delay after a claim came back short: just
+// long enough for transactions that committed alongside the one that woke
+// us (their NOTIFY was skipped) to become visible.
+const minPoll = time.Millisecond
+
+func (r *Relay) fetchLoop(ctx context.Context) {
+	defer close(r.fetchDone)
+	capacity := int64(r.cfg.Concurrency + r.cfg.BatchSize)
+	delay := time.Duration(0)
+	timer := r.clock.NewTimer(time.Hour)
+	timer.Stop()
+	errBackoff := 50 * time.Millisecond
+	for {
+		free := capacity - r.held.Load()
+		if free <= 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.freed:
+				// Pass the signal on: Stop may be waiting on it too.
+				continue
+			}
+		}
+		n := int(min(free, int64(r.cfg.BatchSize)))
+		start := r.clock.Now()
+		startMono := time.Now()
+		claimed, err := r.st.Claim(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), n)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("txhook: claim failed", "error", err)
+			delay = errBackoff
+			errBackoff = min(errBackoff*2, 5*time.Second)
+		} else {
+			errBackoff = 50 * time.Millisecond
+			startBy := startMono.Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5)
+			for i := range claimed {
+				r.held.Add(1)
+				r.dispatch(&job{c: claimed[i], startBy: startBy})
+			}
+			switch {
+			case len(claimed) == n:
+				continue // more may be due right now
+			case len(claimed) > 0:
+				delay = minPoll
+			case delay == 0:
+				delay = minPoll
+			default:
+				delay = min(delay*2, r.cfg.PollInterval)
+			}
+		}
+		timer.Reset(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-r.wakeCh:
+			timer.Stop()
+			delay = 0
+		case <-timer.C():
+		}
+	}
+}
+
+// dispatch queues j behind its endpoint's in-flight limit.
+func (r *Relay) dispatch(j *job) {
+	r.mu.Lock()
+	q := r.eps[j.c.EndpointID]
+	if q == nil {
+		q = &endpointQueue{}
+		r.eps[j.c.EndpointID] = q
+	}
+	if q.inflight < r.cfg.EndpointConcurrency {
+		q.inflight++
+		r.mu.Unlock()
+		r.ready <- j // never blocks: ready holds every job the relay can hold
+		return
+	}
+	if len(q.waiting) < r.cfg.BatchSize {
+		q.waiting = append(q.waiting, j)
+		r.mu.Unlock()
+		return
+	}
+	// The endpoint has a batch waiting already: put this one back for later,
+	// spending no attempt, so the slots go to other endpoints meanwhile.
+	wait := time.Duration(len(q.waiting)/r.cfg.EndpointConcurrency+1) * max(q.ewma, 10*time.Millisecond)
+	r.mu.Unlock()
+	r.comp.add(r.postpone(j, r.clock.Now().Add(min(max(wait, 100*time.Millisecond), 5*time.Minute))))
+	r.dropHeld()
+}
+
+// finish hands the endpoint's slot to its next waiting job.
+func (r *Relay) finish(j *job, took time.Duration) {
+	r.mu.Lock()
+	q := r.eps[j.c.EndpointID]
+	if took > 0 {
+		if q.ewma == 0 {
+			q.ewma = took
+		} else {
+			q.ewma = (q.ewma*7 + took) / 8
+		}
+	}
+	var next *job
+	if len(q.waiting) > 0 {
+		next = q.waiting[0]
+		q.waiting[0] = nil
+		q.waiting = q.waiting[1:]
+	} else {
+		q.inflight--
+		if q.inflight == 0 {
+			delete(r.eps, j.c.EndpointID)
+		}
+	}
+	r.mu.Unlock()
+	if next != nil {
+		r.ready <- next
+	}
+}
+
+func (r *Relay) worker() {
+	defer r.workers.Done()
+	for {
+		select {
+		case <-r.quit:
+			return
+		case j := <-r.ready:
+			c, took := r.process(j)
+			r.comp.add(c)
+			r.finish(j, took)
+			r.dropHeld()
+		}
+	}
+}

@@ -1,0 +1,185 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/txhook/txhook/retry"
+	"github.com/txhook/txhook/signer"
+)
+
+// RelayConfig configures a Relay. Zero fields take the documented defaults.
+type RelayConfig struct {
+	// ID names this relay as the owner of its leases, in the database and
+	// in logs. Default: host name, process ID and a random suffix, so a
+	// restarted process never mistakes its predecessor's leases for its own.
+	ID string
+
+	// Signer signs each request. Default signer.Standard{} (Standard
+	// Webhooks); signer.Stripe{Header: "X-Kxp-Signature"} gives the
+	// Stripe-style t=,v1= header.
+	Signer signer.Signer
+
+	// Retry decides when a failed delivery is tried again and when it is
+	// dead-lettered. Default retry.Default(): T+0, 10s, 30s, 1m, 5m, 15m,
+	// 1h, 6h, 24h with ±25% jitter, 9 attempts.
+	Retry retry.Policy
+
+	// Concurrency is the most requests in flight at once. Default 32.
+	Concurrency int
+
+	// EndpointConcurrency is the most requests in flight to one endpoint,
+	// so one slow receiver cannot take every slot. Default Concurrency/2
+	// (at least 1).
+	EndpointConcurrency int
+
+	// BatchSize is the most deliveries one claim takes. Default 100.
+	BatchSize int
+
+	// Lease is how long a claim holds a delivery. A relay that dies leaves
+	// its deliveries to others once their lease expires; a delivery is
+	// never started unless Timeout plus a fifth of Lease remain of it, so
+	// two relays never have it in flight at once. Hosts' clocks must agree
+	// to well within a fifth of Lease. Default 30 s.
+	Lease time.Duration
+
+	// PollInterval is the longest a relay waits before looking for due
+	// deliveries when nothing woke it: retries coming due, missed
+	// notifications. Default 250 ms.
+	PollInterval time.Duration
+
+	// Timeout bounds one request, redirects and response included.
+	// Default 5 s.
+	Timeout time.Duration
+
+	// ConnectTimeout bounds resolving and connecting. Default 3 s.
+	ConnectTimeout time.Duration
+
+	// MaxRedirects is how many redirects are followed (each re-checked
+	// against the target rules) before the attempt fails. Default 2;
+	// negative follows none.
+	MaxRedirects int
+
+	// MaxResponseBytes is how much of a response is read. Default 64 KiB;
+	// the attempt log keeps the first 4 KiB.
+	MaxResponseBytes int64
+
+	// MaxRetryAfter caps how far a receiver's Retry-After (on 429 and 503)
+	// can push the next attempt beyond the retry policy's own delay.
+	// Default 1 h.
+	MaxRetryAfter time.Duration
+
+	// OnDeadLetter, if set, is called after a delivery has been moved to the
+	// dead-letter table, from the relay's completion goroutine: it should
+	// return quickly (hand off to your alerting).
+	OnDeadLetter func(DeadLetterNotice)
+}
+
+// DeadLetterNotice describes a delivery that exhausted its attempts.
+type DeadLetterNotice struct {
+	DeliveryID int64
+	EventID    string
+	EventType  string
+	Tenant     string
+	EndpointID string
+	Attempts   int
+	LastStatus int
+	LastError  string
+}
+
+// Defaults.
+const (
+	DefaultConcurrency   = 32
+	DefaultBatchSize     = 100
+	DefaultLease         = 30 * time.Second
+	DefaultPollInterval  = 250 * time.Millisecond
+	DefaultTimeout       = 5 * time.Second
+	DefaultConnect       = 3 * time.Second
+	DefaultMaxRedirects  = 2
+	DefaultMaxResponse   = 64 << 10
+	DefaultMaxRetryAfter = time.Hour
+)
+
+// ErrInvalidConfig is returned for a RelayConfig that cannot work.
+var ErrInvalidConfig = errors.New("txhook: invalid relay config")
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), ulid.Make().String()[20:])
+	}
+	if c.Signer == nil {
+		c.Signer = signer.Standard{}
+	}
+	if c.Retry == nil {
+		c.Retry = retry.Default()
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.EndpointConcurrency == 0 {
+		c.EndpointConcurrency = max(1, c.Concurrency/2)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnect
+	}
+	if c.MaxRedirects == 0 {
+		c.MaxRedirects = DefaultMaxRedirects
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponse
+	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	return c
+}
+
+func (c RelayConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(c.ID) > 200:
+		return bad("ID longer than 200 bytes")
+	case c.Concurrency < 1 || c.Concurrency > 10000:
+		return bad("Concurrency %d not in 1..10000", c.Concurrency)
+	case c.EndpointConcurrency < 1 || c.EndpointConcurrency > c.Concurrency:
+		return bad("EndpointConcurrency %d not in 1..Concurrency", c.EndpointConcurrency)
+	case c.BatchSize < 1 || c.BatchSize > 5000:
+		return bad("BatchSize %d not in 1..5000", c.BatchSize)
+	case c.Timeout <= 0 || c.ConnectTimeout <= 0 || c.PollInterval <= 0 || c.MaxRetryAfter < 0:
+		return bad("timeouts and intervals must be positive")
+	case c.Lease-c.Timeout-c.Lease/5 < 100*time.Millisecond:
+		return bad("Lease %s too short for Timeout %s: a request must fit in four fifths of a lease", c.Lease, c.Timeout)
+	case c.MaxResponseBytes < 0:
+		return bad("MaxResponseBytes is negative")
+	case c.Retry.MaxAttempts() < 1:
+		return bad("retry policy allows no attempt")
+	}
+	if v, ok := c.Retry.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	return nil
+}
+
+func (o *Outbox) relayLogger() *slog.Logger { return o.log.With("component", "txhook.relay") }
