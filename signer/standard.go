@@ -40,10 +40,10 @@ var (
 	_ Verifier = Standard{}
 )
 
-// Lengths of the base64 forms in a webhook-signature header.
-var (
-	b64HMACLen    = base64.StdEncoding.EncodedLen(sha256.Size)
-	b64Ed25519Len = base64.StdEncoding.EncodedLen(ed25519.SignatureSize)
+// Lengths of the padded base64 forms in a webhook-signature header.
+const (
+	b64HMACLen    = (sha256.Size + 2) / 3 * 4           // 44
+	b64Ed25519Len = (ed25519.SignatureSize + 2) / 3 * 4 // 88
 )
 
 // b64Strict refuses non-zero padding bits, so each signature has exactly one
@@ -51,8 +51,10 @@ var (
 var b64Strict = base64.StdEncoding.Strict()
 
 // Sign implements Signer. The secrets may be whsec_ secrets (24 to 64 bytes)
-// and whsk_ private keys, in any mix; a whpk_ public key is an error. On any
-// error h is left untouched.
+// and whsk_ private keys, in any mix; a whpk_ public key is an error. The id
+// must be printable ASCII without spaces or '.' (the spec forbids '.' so that
+// "id.timestamp.body" splits only one way) and ts must not be before 1970.
+// On any error h is left untouched.
 func (Standard) Sign(h http.Header, id string, ts time.Time, body []byte, secrets []string) error {
 	if h == nil {
 		return errors.New("signer: nil http.Header")
@@ -110,7 +112,7 @@ func (Standard) Sign(h http.Header, id string, ts time.Time, body []byte, secret
 			mac := hmac.New(sha256.New, k.b)
 			mac.Write(prefix)
 			mac.Write(body)
-			var enc [44]byte
+			var enc [b64HMACLen]byte
 			base64.StdEncoding.Encode(enc[:], mac.Sum(prefix[len(prefix):]))
 			sig.WriteString("v1,")
 			sig.Write(enc[:])
@@ -119,7 +121,7 @@ func (Standard) Sign(h http.Header, id string, ts time.Time, body []byte, secret
 				msg = make([]byte, 0, len(prefix)+len(body))
 				msg = append(append(msg, prefix...), body...)
 			}
-			var enc [88]byte
+			var enc [b64Ed25519Len]byte
 			base64.StdEncoding.Encode(enc[:], ed25519.Sign(k.b, msg))
 			sig.WriteString("v1a,")
 			sig.Write(enc[:])
@@ -137,7 +139,8 @@ func (Standard) Sign(h http.Header, id string, ts time.Time, body []byte, secret
 
 // Verify implements Verifier. The secrets may be whsec_ secrets (24 to 64
 // bytes, prefix optional) and whpk_ public keys, in any mix. A whsk_ private
-// key is refused: it belongs with the sender only.
+// key is refused: it belongs with the sender only. A webhook-id that Sign
+// would refuse is a malformed header.
 //
 // Errors are checked in this order: the secrets (ErrInvalidSecret), missing
 // headers, malformed headers, the timestamp window, the signatures. A
@@ -262,8 +265,8 @@ func parseStandardSignatures(v string, out *[maxEntries]sigEntry) (int, error) {
 		// Decoding from a copy on the stack spares converting the string;
 		// dst has room for what 88 characters can decode to, with or without
 		// padding, because Decode panics on a short dst.
-		var src [88]byte
-		var dst [66]byte
+		var src [b64Ed25519Len]byte
+		var dst [b64Ed25519Len / 4 * 3]byte
 		copy(src[:], sig)
 		if m, err := b64Strict.Decode(dst[:], src[:len(sig)]); err != nil || m != size {
 			continue

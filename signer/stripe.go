@@ -76,8 +76,9 @@ func checkStripeSecret(s string) error {
 	return nil
 }
 
-// Sign implements Signer. Each secret yields one v1 entry. On any error h is
-// left untouched.
+// Sign implements Signer. Each secret yields one v1 entry. Secrets must be at
+// least 16 bytes, without line breaks, and not whsk_ or whpk_ keys; id and ts
+// follow the rules of Standard.Sign. On any error h is left untouched.
 func (s Stripe) Sign(h http.Header, id string, ts time.Time, body []byte, secrets []string) error {
 	if h == nil {
 		return errors.New("signer: nil http.Header")
