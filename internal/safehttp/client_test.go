@@ -73,6 +73,17 @@ func (ts *testServer) addrPort() netip.AddrPort {
 
 func ok(w http.ResponseWriter, r *http.Request) {}
 
+// haveIPv6 reports whether IPv6 sockets can be made (the dial guard runs
+// after socket creation, so without them an IPv6 target fails earlier).
+func haveIPv6() bool {
+	l, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
 // private is the config for tests against loopback servers.
 var private = Config{AllowHTTP: true, AllowPrivate: true}
 
@@ -207,6 +218,9 @@ func TestPostRedirectToForbiddenAddress(t *testing.T) {
 	} {
 		t.Run(target, func(t *testing.T) {
 			t.Parallel()
+			if strings.HasPrefix(target, "http://[") && !strings.Contains(target, "ffff") && !haveIPv6() {
+				t.Skip("no IPv6 sockets here: the guard would not be reached")
+			}
 			srv := startServer(t, plainHTTP, func(w http.ResponseWriter, r *http.Request) {
 				http.Redirect(w, r, target, http.StatusTemporaryRedirect)
 			})

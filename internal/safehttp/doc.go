@@ -78,8 +78,9 @@
 // bytes so the delivery log can store and show it. A body within the cap is
 // read to its end so its connection is reused; a longer one is abandoned
 // (HTTP/1.1: the connection is closed; HTTP/2: the stream is reset), so a
-// 50 MB answer costs 64 KiB. Compression is off:
-// we never ask for gzip and never inflate a gzip bomb. There are no cookies.
+// 50 MB answer costs 64 KiB. Compression is off: we never ask for gzip and
+// never inflate a gzip bomb. Response headers are capped at 64 KiB. There
+// are no cookies.
 //
 // # Errors
 //
