@@ -24,7 +24,7 @@ type Event struct {
 	// ID identifies the event to receivers (webhook-id), the same on every
 	// attempt and replay. Empty means a new ULID. Enqueuing an ID that
 	// exists is a no-op returning that ID. At most 128 characters of
-	// A-Z a-z 0-9 and _ . : -
+	// A-Z a-z 0-9 and _ : - (Standard Webhooks forbids dots in IDs).
 	ID string
 
 	// IdempotencyKey, when set, makes a repeated Enqueue of the same key for
@@ -47,7 +47,7 @@ type Event struct {
 }
 
 var (
-	idPattern   = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	idPattern   = regexp.MustCompile(`^[A-Za-z0-9_:-]{1,128}$`)
 	typePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$`)
 )
 
@@ -105,7 +105,7 @@ func (o *Outbox) validate(ev *Event) error {
 	case !typePattern.MatchString(ev.Type):
 		return fmt.Errorf("%w: type %.64q: use letters, digits and . _ : - (at most 255)", ErrInvalidEvent, ev.Type)
 	case ev.ID != "" && !idPattern.MatchString(ev.ID):
-		return fmt.Errorf("%w: ID %.64q: use letters, digits and _ . : - (at most 128)", ErrInvalidEvent, ev.ID)
+		return fmt.Errorf("%w: ID %.64q: use letters, digits and _ : - (at most 128)", ErrInvalidEvent, ev.ID)
 	case !printable(ev.Tenant):
 		return fmt.Errorf("%w: tenant must be printable UTF-8", ErrInvalidEvent)
 	case len(ev.IdempotencyKey) > 255:

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/outbox"
 )
@@ -183,3 +184,6 @@ func (rc *receiver) requests() []received {
 	defer rc.mu.Unlock()
 	return append([]received(nil), rc.reqs...)
 }
+
+// store_time scans a time column of either dialect.
+type store_time = store.Time

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/txhook/txhook/internal/clock"
+	"github.com/txhook/txhook/internal/link"
 	"github.com/txhook/txhook/internal/safehttp"
 	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/signer"
@@ -185,3 +186,10 @@ var (
 	// ErrInvalidSecret: a supplied signing secret is not usable.
 	ErrInvalidSecret = signer.ErrInvalidSecret
 )
+
+func init() {
+	link.Outbox = func(x any) link.Internals {
+		o := x.(*Outbox)
+		return link.Internals{Store: o.st, Clock: o.clock, Logger: o.log, Wake: func() { o.wake(context.Background()) }}
+	}
+}

@@ -1,0 +1,268 @@
+// Package dlq is the dead-letter table of a txhook outbox: deliveries that
+// used up every attempt, kept for operators to inspect, replay and purge.
+//
+// A delivery lands here after its last attempt, in the same transaction
+// that records that attempt, so a failure is never silent. Replaying queues
+// a fresh delivery of the same event (same event ID, same body) to the same
+// endpoint, so receivers that deduplicate on the ID stay safe even if the
+// first delivery did arrive after all.
+//
+//	q := dlq.New(ob)
+//	page, err := q.List(ctx, dlq.Filter{Tenant: "merchant_42"}, "", 50)
+//	for _, e := range page.Entries {
+//		fmt.Println(e.EventID, e.LastStatus, e.LastError)
+//	}
+//	n, err := q.ReplayAll(ctx, dlq.Filter{EndpointID: "ep_…"}) // after the receiver is fixed
+package dlq
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/txhook/txhook/internal/link"
+	"github.com/txhook/txhook/internal/store"
+	"github.com/txhook/txhook/outbox"
+)
+
+// Queue is the dead-letter table of one outbox. It is safe for concurrent
+// use.
+type Queue struct {
+	in link.Internals
+}
+
+// New returns the dead-letter table of ob.
+func New(ob *outbox.Outbox) *Queue {
+	return &Queue{in: link.Outbox(ob)}
+}
+
+// Errors; test with errors.Is.
+var (
+	// ErrNotFound: no dead letter has that delivery ID.
+	ErrNotFound = errors.New("txhook: dead letter not found")
+	// ErrEndpointGone: the dead letter's endpoint was deleted, so it cannot
+	// be replayed.
+	ErrEndpointGone = errors.New("txhook: endpoint of dead letter no longer exists")
+	// ErrInvalidCursor: a List cursor was not produced by List.
+	ErrInvalidCursor = errors.New("txhook: invalid cursor")
+)
+
+// Filter selects dead letters. Zero fields do not filter.
+type Filter struct {
+	Tenant     string
+	EndpointID string
+	EventType  string
+	Since      time.Time // failed at or after
+	Until      time.Time // failed before
+}
+
+func (f Filter) store() store.DeadFilter {
+	return store.DeadFilter{Tenant: f.Tenant, EndpointID: f.EndpointID, EventType: f.EventType, Since: f.Since, Until: f.Until}
+}
+
+// Entry is one dead letter.
+type Entry struct {
+	DeliveryID int64
+	EventID    string
+	EventType  string
+	Tenant     string
+	EndpointID string
+	Attempts   int
+	LastStatus int // 0: no HTTP response
+	LastError  string
+	FailedAt   time.Time
+}
+
+// Attempt is one recorded attempt of a delivery.
+type Attempt struct {
+	Number          int
+	StartedAt       time.Time
+	Duration        time.Duration
+	Status          int // 0: no HTTP response
+	ResponseExcerpt string
+	Error           string
+}
+
+// Detail is a dead letter with its event payload and attempt log.
+type Detail struct {
+	Entry
+	Payload  json.RawMessage
+	Attempts []Attempt
+}
+
+// Page is one page of a listing. Next is the cursor of the following page,
+// empty on the last.
+type Page struct {
+	Entries []Entry
+	Next    string
+}
+
+// MaxPage is the largest page List returns.
+const MaxPage = 1000
+
+// List returns dead letters matching f, newest first, limit at a time
+// (default 50, at most MaxPage). Pass the previous page's Next as cursor to
+// continue; "" starts at the newest.
+func (q *Queue) List(ctx context.Context, f Filter, cursor string, limit int) (Page, error) {
+	if limit <= 0 {
+		limit = 50
+	}
+	limit = min(limit, MaxPage)
+	var after *store.DeadCursor
+	if cursor != "" {
+		c, err := decodeCursor(cursor)
+		if err != nil {
+			return Page{}, err
+		}
+		after = &c
+	}
+	rows, err := q.in.Store.ListDead(ctx, f.store(), after, limit+1)
+	if err != nil {
+		return Page{}, fmt.Errorf("txhook: list dead letters: %w", err)
+	}
+	var p Page
+	if len(rows) > limit {
+		rows = rows[:limit]
+		last := rows[limit-1]
+		p.Next = encodeCursor(store.DeadCursor{FailedAt: last.FailedAt, DeliveryID: last.DeliveryID})
+	}
+	p.Entries = make([]Entry, len(rows))
+	for i, r := range rows {
+		p.Entries[i] = entry(r)
+	}
+	return p, nil
+}
+
+// Count returns how many dead letters match f.
+func (q *Queue) Count(ctx context.Context, f Filter) (int, error) {
+	return q.in.Store.CountDead(ctx, f.store())
+}
+
+// Get returns one dead letter with its payload and attempt log.
+func (q *Queue) Get(ctx context.Context, deliveryID int64) (Detail, error) {
+	rows, err := q.in.Store.ListDead(ctx, store.DeadFilter{IDs: []int64{deliveryID}}, nil, 1)
+	if err != nil {
+		return Detail{}, err
+	}
+	if len(rows) == 0 {
+		return Detail{}, fmt.Errorf("%w: %d", ErrNotFound, deliveryID)
+	}
+	d := Detail{Entry: entry(rows[0])}
+	_, payload, _, err := q.in.Store.EventPayload(ctx, d.EventID)
+	if err != nil {
+		return Detail{}, fmt.Errorf("txhook: event of dead letter %d: %w", deliveryID, err)
+	}
+	d.Payload = payload
+	atts, err := q.in.Store.Attempts(ctx, deliveryID)
+	if err != nil {
+		return Detail{}, err
+	}
+	for _, a := range atts {
+		d.Attempts = append(d.Attempts, Attempt{Number: a.Attempt, StartedAt: a.StartedAt, Duration: a.Duration,
+			Status: a.Status, ResponseExcerpt: a.Excerpt, Error: a.Error})
+	}
+	return d, nil
+}
+
+// Replay queues a fresh delivery of the dead letter's event to its
+// endpoint, due now, and removes the dead letter, in one transaction. It
+// returns the new delivery's ID. If the endpoint is disabled, the delivery
+// waits until it is enabled.
+func (q *Queue) Replay(ctx context.Context, deliveryID int64) (int64, error) {
+	got, err := q.in.Store.ReplayDead(ctx, []int64{deliveryID}, q.in.Clock.Now())
+	if err != nil {
+		return 0, fmt.Errorf("txhook: replay: %w", err)
+	}
+	if id, ok := got[deliveryID]; ok {
+		q.in.Wake()
+		return id, nil
+	}
+	n, err := q.in.Store.CountDead(ctx, store.DeadFilter{IDs: []int64{deliveryID}})
+	if err == nil && n > 0 {
+		return 0, fmt.Errorf("%w: dead letter %d", ErrEndpointGone, deliveryID)
+	}
+	return 0, fmt.Errorf("%w: %d", ErrNotFound, deliveryID)
+}
+
+// replayBatch bounds the work of one transaction in ReplayAll.
+const replayBatch = 500
+
+// ReplayAll replays every dead letter matching f whose endpoint still
+// exists, in transactions of at most 500, and returns how many it replayed.
+func (q *Queue) ReplayAll(ctx context.Context, f Filter) (int, error) {
+	total := 0
+	var after int64
+	for {
+		ids, err := q.in.Store.DeadIDs(ctx, f.store(), after, replayBatch)
+		if err != nil {
+			return total, fmt.Errorf("txhook: replay: %w", err)
+		}
+		if len(ids) == 0 {
+			return total, nil
+		}
+		got, err := q.in.Store.ReplayDead(ctx, ids, q.in.Clock.Now())
+		if err != nil {
+			return total, fmt.Errorf("txhook: replay: %w", err)
+		}
+		total += len(got)
+		after = ids[len(ids)-1]
+		q.in.Wake()
+	}
+}
+
+// Purge deletes one dead letter. The event and its attempt log stay until
+// retention removes them.
+func (q *Queue) Purge(ctx context.Context, deliveryID int64) error {
+	n, err := q.in.Store.PurgeDead(ctx, store.DeadFilter{IDs: []int64{deliveryID}}, 1)
+	if err != nil {
+		return fmt.Errorf("txhook: purge: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %d", ErrNotFound, deliveryID)
+	}
+	return nil
+}
+
+// PurgeAll deletes every dead letter matching f, in batches, and returns
+// how many it deleted. An empty filter deletes them all.
+func (q *Queue) PurgeAll(ctx context.Context, f Filter) (int, error) {
+	total := 0
+	for {
+		n, err := q.in.Store.PurgeDead(ctx, f.store(), 1000)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("txhook: purge: %w", err)
+		}
+		if n == 0 {
+			return total, nil
+		}
+	}
+}
+
+func entry(r store.DeadLetter) Entry {
+	return Entry{DeliveryID: r.DeliveryID, EventID: r.EventID, EventType: r.EventType, Tenant: r.Tenant,
+		EndpointID: r.EndpointID, Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, FailedAt: r.FailedAt}
+}
+
+func encodeCursor(c store.DeadCursor) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.FailedAt.UnixMicro(), 10) + "." + strconv.FormatInt(c.DeliveryID, 10)))
+}
+
+func decodeCursor(s string) (store.DeadCursor, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return store.DeadCursor{}, ErrInvalidCursor
+	}
+	at, id, ok := strings.Cut(string(b), ".")
+	us, err1 := strconv.ParseInt(at, 10, 64)
+	n, err2 := strconv.ParseInt(id, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return store.DeadCursor{}, ErrInvalidCursor
+	}
+	return store.DeadCursor{FailedAt: time.UnixMicro(us).UTC(), DeliveryID: n}, nil
+}

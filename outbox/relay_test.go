@@ -1,0 +1,147 @@
+package outbox_test
+
+import (
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/txhook/txhook/dlq"
+	"github.com/txhook/txhook/internal/clock"
+	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/outbox"
+	"github.com/txhook/txhook/retry"
+)
+
+// lockedRand is a seeded source safe for the relay's concurrent use.
+func lockedRand(seed uint64) func() float64 {
+	var mu sync.Mutex
+	r := rand.New(rand.NewPCG(seed, seed))
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Float64()
+	}
+}
+
+func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+		fake := clock.NewFake(start)
+		b := setup(t, db, outbox.Config{Clock: fake})
+		var healthy atomic.Bool
+		rc := newReceiver(t, func(n int, r *http.Request) int {
+			if healthy.Load() {
+				return http.StatusOK
+			}
+			return http.StatusInternalServerError
+		})
+		ep := b.endpoint("m", rc.URL)
+		policy := retry.Default()
+		policy.Rand = lockedRand(7)
+		var deadNotices atomic.Int32
+		b.relay(outbox.RelayConfig{Retry: policy, OnDeadLetter: func(n outbox.DeadLetterNotice) {
+			if n.EndpointID == ep.ID && n.Attempts == 9 && n.LastStatus == 500 {
+				deadNotices.Add(1)
+			}
+		}})
+		id := b.enqueue(outbox.Event{Tenant: "m", Type: "payment.failed", Payload: []byte(`{"n":1}`)})
+
+		for attempt := 1; attempt <= 9; attempt++ {
+			b.eventually("attempt recorded", func() bool {
+				return b.count("SELECT count(*) FROM txhook_attempts") == attempt
+			})
+			if attempt == 9 {
+				break
+			}
+			var state string
+			var next store_time
+			if err := db.QueryRowContext(b.ctx, "SELECT state, next_attempt_at FROM txhook_deliveries").Scan(&state, &next); err != nil {
+				t.Fatal(err)
+			}
+			if state != "pending" {
+				t.Fatalf("after attempt %d state = %s, want pending", attempt, state)
+			}
+			fake.Set(next.Time)
+		}
+		b.eventually("dead letter", func() bool {
+			return b.count("SELECT count(*) FROM txhook_dead_letters") == 1
+		})
+		if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'dead' AND attempts = 9"); n != 1 {
+			t.Fatalf("dead deliveries with 9 attempts = %d", n)
+		}
+		b.eventually("dead-letter callback", func() bool { return deadNotices.Load() == 1 })
+
+		// The gaps between attempt starts follow the schedule within ±25%.
+		rows, err := db.QueryContext(b.ctx, "SELECT started_at FROM txhook_attempts ORDER BY attempt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var starts []time.Time
+		for rows.Next() {
+			var s store_time
+			if err := rows.Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			starts = append(starts, s.Time)
+		}
+		rows.Close()
+		offsets := retry.Default().Offsets
+		if len(starts) != 9 {
+			t.Fatalf("%d attempts", len(starts))
+		}
+		if !starts[0].Equal(start) {
+			t.Fatalf("first attempt at %v, want T+0 (%v)", starts[0], start)
+		}
+		for i := 1; i < 9; i++ {
+			gap := starts[i].Sub(starts[i-1])
+			want := offsets[i] - offsets[i-1]
+			if gap < want*3/4-time.Millisecond || gap > want*5/4+time.Millisecond {
+				t.Errorf("gap before attempt %d = %v, want %v ±25%%", i+1, gap, want)
+			}
+		}
+		reqs := rc.requests()
+		if len(reqs) != 9 {
+			t.Fatalf("receiver saw %d requests, want 9", len(reqs))
+		}
+		for _, r := range reqs {
+			if r.Header.Get("Webhook-Id") != id {
+				t.Fatalf("attempt carried id %q, want %q", r.Header.Get("Webhook-Id"), id)
+			}
+		}
+
+		// The receiver recovers; an operator replays the dead letter.
+		healthy.Store(true)
+		q := dlq.New(b.ob)
+		page, err := q.List(b.ctx, dlq.Filter{Tenant: "m"}, "", 10)
+		if err != nil || len(page.Entries) != 1 {
+			t.Fatalf("list: %v %+v", err, page)
+		}
+		e := page.Entries[0]
+		if e.EventID != id || e.LastStatus != 500 || e.Attempts != 9 || e.EndpointID != ep.ID {
+			t.Fatalf("dead letter %+v", e)
+		}
+		detail, err := q.Get(b.ctx, e.DeliveryID)
+		if err != nil || len(detail.Attempts) != 9 || string(detail.Payload) != `{"n":1}` {
+			t.Fatalf("detail %v %+v", err, detail)
+		}
+		if _, err := q.Replay(b.ctx, e.DeliveryID); err != nil {
+			t.Fatal(err)
+		}
+		b.eventually("replayed delivery succeeded", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1
+		})
+		reqs = rc.requests()
+		if len(reqs) != 10 || reqs[9].Header.Get("Webhook-Id") != id {
+			t.Fatalf("replay: %d requests, last id %q, want %q", len(reqs), reqs[len(reqs)-1].Header.Get("Webhook-Id"), id)
+		}
+		if string(reqs[9].Body) != string(reqs[0].Body) {
+			t.Fatalf("replayed body differs:\n%s\n%s", reqs[9].Body, reqs[0].Body)
+		}
+		if n, _ := q.Count(b.ctx, dlq.Filter{}); n != 0 {
+			t.Fatalf("dead letters after replay = %d", n)
+		}
+	})
+}
