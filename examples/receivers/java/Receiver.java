@@ -634,6 +634,9 @@ public class Receiver {
             System.exit(2);
             return;
         }
+        // Headers and body go out in two writes; with Nagle's algorithm on,
+        // the second waits for the client's delayed ACK (40 ms on Linux).
+        System.setProperty("sun.net.httpserver.nodelay", "true");
         HttpServer server = HttpServer.create(new InetSocketAddress(cfg.host, cfg.port), 0);
         Receiver r = new Receiver(cfg);
         server.createContext("/", r::handle);
