@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Example txhook webhook receiver: Node.js built-ins only (node:http,
-// node:crypto), no npm packages. Node 18.3 or later.
+// node:crypto), no npm packages. Node.js 16 or later.
 //
 // Verifies either the Standard Webhooks scheme (webhook-id,
 // webhook-timestamp, webhook-signature) or the Stripe-style scheme (one
@@ -78,8 +78,12 @@ function loadKeys(scheme, raw) {
 // ----------------------------------------------------------- verification
 
 function singleHeader(req, name) {
-  // headersDistinct keeps repeated headers apart instead of joining them.
-  const values = req.headersDistinct[name.toLowerCase()] || [];
+  // rawHeaders keeps repeated headers apart; req.headers would join them.
+  const lower = name.toLowerCase();
+  const values = [];
+  for (let i = 0; i + 1 < req.rawHeaders.length; i += 2) {
+    if (req.rawHeaders[i].toLowerCase() === lower) values.push(req.rawHeaders[i + 1]);
+  }
   if (values.length > 1) {
     // Two ids or timestamps: no telling which one the sender signed.
     throw new Reject(400, `header ${name} appears more than once`);
