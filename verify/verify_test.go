@@ -110,7 +110,7 @@ func TestVerifyEnvelope(t *testing.T) {
 	secret, _ := signer.GenerateSecret()
 	v, _ := verify.New(verify.Config{Secrets: []string{secret}})
 	for body, ok := range map[string]bool{
-		`{"type":"a"}`:                            true,
+		`{"type":"a"}`: true,
 		`{"type":"a","timestamp":12,"data":null}`: true, // an odd timestamp is not the signature's business
 		` {"type":"a","id":"other"} `:             true, // Standard: the header id is the signed one
 		`{"type":""}`:                             false,
