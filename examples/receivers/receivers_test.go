@@ -188,6 +188,9 @@ func testOverlap(t *testing.T, rt runtime, path, scheme string) {
 			h = valid()
 			h.Add(signer.HeaderTimestamp, h.Get(signer.HeaderTimestamp))
 			tg.expect(t, h, body, http.StatusBadRequest, "")
+			h = valid()
+			h.Set(signer.HeaderID, "evt.1") // '.' would make id.timestamp.body ambiguous
+			tg.expect(t, h, body, http.StatusBadRequest, "")
 		} else {
 			h := valid()
 			h.Set(sigHeader, "garbage")
@@ -204,11 +207,60 @@ func testOverlap(t *testing.T, rt runtime, path, scheme string) {
 		tg.expect(t, tg.sign(t, id, time.Now(), notJSON, newSecret), notJSON, http.StatusBadRequest, "")
 		if scheme == "stripe" {
 			// The body carries the dedup key in this scheme.
-			noID := []byte(`{"type":"payment.succeeded","data":{}}`)
-			tg.expect(t, tg.sign(t, id, time.Now(), noID, newSecret), noID, http.StatusBadRequest, "")
+			for _, b := range []string{
+				`{"type":"payment.succeeded","data":{}}`,
+				`{"id":"","type":"payment.succeeded","data":{}}`,
+				`{"id":42,"type":"payment.succeeded","data":{}}`,
+				`{"id":"evt 1","type":"payment.succeeded","data":{}}`,
+				`["evt_1"]`,
+			} {
+				t.Logf("body %s", b)
+				tg.expect(t, tg.sign(t, id, time.Now(), []byte(b), newSecret), []byte(b), http.StatusBadRequest, "")
+			}
 		}
 		// None of that claimed the id.
 		tg.expect(t, valid(), body, http.StatusOK, "processed "+id)
+	})
+
+	t.Run("json bodies", func(t *testing.T) {
+		// The receivers parse only what verified; they must agree on
+		// what JSON is. $ID is the event id.
+		for _, c := range []struct {
+			body  string
+			valid bool
+		}{
+			{`{"id":"$ID","type":"t","data":{"s":"a\"b\\c\/d\b\f\n\r\t\u00e9\ud83d\ude00","n":[-0,1.5e+3,2E-2,0.25,-7],"b":[true,false,null],"o":{},"a":[]}}`, true},
+			{" \r\n\t{ \"id\" : \"$ID\" , \"data\" : [ ] } \n", true},
+			{`{"id":"$ID","note":"é ✓ 😀"}`, true},
+			{`{"id":"ignored","id":"$ID"}`, true}, // the last duplicate key wins everywhere
+			{``, false},
+			{`{"id":"$ID"`, false},
+			{`{"id":"$ID",}`, false},
+			{`{'id':'$ID'}`, false},
+			{`{"id":"$ID"} x`, false},
+			{`{"id":"$ID","n":01}`, false},
+			{`{"id":"$ID","n":1.}`, false},
+			{`{"id":"$ID","n":.5}`, false},
+			{`{"id":"$ID","n":-}`, false},
+			{`{"id":"$ID","n":NaN}`, false},
+			{`{"id":"$ID","n":Infinity}`, false},
+			{`{"id":"$ID","t":tru}`, false},
+			{`{"id":"$ID","s":"\x"}`, false},
+			{`{"id":"$ID","s":"\u12"}`, false},
+			{"{\"id\":\"$ID\",\"s\":\"tab\there\"}", false},                          // raw control character
+			{"{\"id\":\"$ID\",\"s\":\"\xff\"}", false},                               // invalid UTF-8
+			{"\xef\xbb\xbf{\"id\":\"$ID\"}", false},                                  // BOM
+			{"[" + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "]", false}, // not an object
+		} {
+			id := nextID()
+			body := []byte(strings.ReplaceAll(c.body, "$ID", id))
+			t.Logf("body %q", body)
+			if c.valid {
+				tg.expect(t, tg.sign(t, id, time.Now(), body, newSecret), body, http.StatusOK, "processed "+id)
+			} else {
+				tg.expect(t, tg.sign(t, id, time.Now(), body, newSecret), body, http.StatusBadRequest, "")
+			}
+		}
 	})
 
 	if scheme == "stripe" {

@@ -45,7 +45,6 @@ public class Receiver {
     static final int MAX_BODY = 1 << 20; // bytes
     static final int MAX_ENTRIES = 32; // signature entries read from one header
     static final long MAX_UNIX = 253402300799L; // 9999-12-31T23:59:59Z
-    static final int MAX_EVENT_ID = 255;
     static final int DEDUP_CAPACITY = 100_000; // event ids remembered
 
     static final int DEFAULT_PORT = 8000;
@@ -57,6 +56,8 @@ public class Receiver {
     static final Pattern HEX64 = Pattern.compile("[0-9a-fA-F]{64}");
     // Printable ASCII without space or '.', as the Standard Webhooks spec asks.
     static final Pattern MESSAGE_ID = Pattern.compile("[\\x21-\\x2d\\x2f-\\x7e]+");
+    // An event id from a Stripe-style body: printable ASCII, no spaces.
+    static final Pattern EVENT_ID = Pattern.compile("[\\x21-\\x7e]{1,255}");
 
     /** A request we refuse: status code and a short reason (never a secret). */
     static final class Reject extends Exception {
@@ -422,8 +423,8 @@ public class Receiver {
             // Stripe style: the webhook-id header is not signed, so the id
             // comes from the signed body.
             Object v = event.get("id");
-            if (!(v instanceof String) || ((String) v).isEmpty() || ((String) v).length() > MAX_EVENT_ID) {
-                throw new Reject(400, "body has no string id");
+            if (!(v instanceof String) || !EVENT_ID.matcher((String) v).matches()) {
+                throw new Reject(400, "body has no usable id (1 to 255 printable ASCII characters)");
             }
             id = (String) v;
         }
@@ -447,10 +448,26 @@ public class Receiver {
     /**
      * A small strict JSON parser (RFC 8259), enough to read an event's
      * top-level fields without a library. Objects become Maps (last duplicate
-     * key wins), arrays Lists, numbers their source text.
+     * key wins), arrays Lists, numbers Json.Number (never Strings, so that
+     * {"id": 42} is not taken for {"id": "42"}), null Json.NULL.
      */
     static final class Json {
         static final Object NULL = new Object();
+
+        /** A JSON number, kept as its source text. */
+        static final class Number {
+            final String text;
+
+            Number(String text) {
+                this.text = text;
+            }
+
+            @Override
+            public String toString() {
+                return text;
+            }
+        }
+
         static final int MAX_DEPTH = 256;
         private final String s;
         private int i;
@@ -561,7 +578,7 @@ public class Receiver {
             return v;
         }
 
-        private String number() throws Reject {
+        private Number number() throws Reject {
             int start = i;
             if (s.charAt(i) == '-') i++;
             if (s.charAt(i) == '0') {
@@ -578,7 +595,7 @@ public class Receiver {
                 if (s.charAt(i) == '+' || s.charAt(i) == '-') i++;
                 digits();
             }
-            return s.substring(start, i);
+            return new Number(s.substring(start, i));
         }
 
         private void digits() throws Reject {

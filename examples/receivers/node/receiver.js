@@ -24,7 +24,6 @@ const crypto = require('node:crypto');
 const MAX_BODY = 1 << 20; // bytes
 const MAX_ENTRIES = 32; // signature entries read from one header
 const MAX_UNIX = 253402300799; // 9999-12-31T23:59:59Z
-const MAX_EVENT_ID = 255;
 const DEDUP_CAPACITY = 100000; // event ids remembered
 
 const DEFAULT_PORT = 8000;
@@ -32,12 +31,15 @@ const DEFAULT_TOLERANCE = 300; // seconds, in either direction
 const DEFAULT_STRIPE_HEADER = 'X-Webhook-Signature';
 
 // Only canonical decimal: the signed string must have a single spelling.
-// Up to 15 digits keeps it exact as a JavaScript number.
-const CANONICAL_UINT = /^(0|[1-9][0-9]{0,14})$/;
+// (Past 15 digits a JavaScript number is inexact, but such values are far
+// beyond MAX_UNIX either way, and the signed text is the string.)
+const CANONICAL_UINT = /^(0|[1-9][0-9]{0,18})$/;
 const HEX64 = /^[0-9a-fA-F]{64}$/;
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 // Printable ASCII without space or '.', as the Standard Webhooks spec asks.
 const MESSAGE_ID = /^[\x21-\x2d\x2f-\x7e]+$/;
+// An event id from a Stripe-style body: printable ASCII, no spaces.
+const EVENT_ID = /^[\x21-\x7e]{1,255}$/;
 
 /** A request we refuse: status code and a short reason (never a secret). */
 class Reject extends Error {
@@ -250,7 +252,8 @@ async function handleWebhook(cfg, req) {
   // 2. Parse what the signature vouches for.
   let event;
   try {
-    event = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+    // fatal: invalid UTF-8 is an error; ignoreBOM: keep a BOM, which JSON.parse refuses.
+    event = JSON.parse(new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(body));
   } catch {
     throw new Reject(400, 'body is not JSON');
   }
@@ -261,8 +264,8 @@ async function handleWebhook(cfg, req) {
     // Stripe style: the webhook-id header is not signed, so the id comes
     // from the signed body.
     id = event.id;
-    if (typeof id !== 'string' || id.length === 0 || id.length > MAX_EVENT_ID) {
-      throw new Reject(400, 'body has no string id');
+    if (typeof id !== 'string' || !EVENT_ID.test(id)) {
+      throw new Reject(400, 'body has no usable id (1 to 255 printable ASCII characters)');
     }
   }
 
