@@ -235,6 +235,7 @@ function readBody(req) {
     });
     req.on('end', () => resolve(Buffer.concat(chunks, size)));
     req.on('error', reject);
+    req.on('close', () => reject(new Reject(400, 'request aborted'))); // no-op once resolved
   });
 }
 
