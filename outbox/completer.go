@@ -126,12 +126,21 @@ func (c *completer) report(batch []outcome, applied []int64) {
 	for i := range batch {
 		x := &batch[i]
 		if !ok[x.ID] {
+			r.stats.lost.Add(1)
 			r.log.Warn("txhook: lease lost before the outcome was written; another relay owns the delivery now",
 				"delivery", x.ID, "attempt", x.Attempt)
 			continue
 		}
-		if x.State == store.StateDead {
+		switch {
+		case x.State == store.StateSucceeded:
+			r.stats.succeeded.Add(1)
+		case x.State == store.StateDead:
+			r.stats.dead.Add(1)
 			r.deadLettered(x)
+		case x.Attempts < x.Attempt:
+			r.stats.released.Add(1)
+		default:
+			r.stats.failed.Add(1)
 		}
 	}
 }

@@ -32,8 +32,13 @@ func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
 	cfg.AllowHTTP = true
-	cfg.AllowPrivateTargets = true
+	if cfg.AllowedTargets == nil {
+		cfg.AllowPrivateTargets = true
+	}
 	if db.Backend.Driver == "postgres" && cfg.ListenDSN == "" {
 		cfg.ListenDSN = db.DSN
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -50,6 +51,10 @@ type Config struct {
 	// and when connecting. Only for local development and tests: it lets
 	// whoever registers an endpoint make the relay call into your network.
 	AllowPrivateTargets bool
+
+	// AllowedTargets are networks reachable even though they are private,
+	// such as a partner's VPN range: narrower than AllowPrivateTargets.
+	AllowedTargets []netip.Prefix
 
 	// NotifyInterval is, on PostgreSQL, the least time between two wake-up
 	// notifications this Outbox adds to enqueuing transactions. NOTIFY
@@ -122,8 +127,9 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 		clock: clock.OrReal(cfg.Clock),
 		log:   cfg.Logger,
 		target: safehttp.Config{
-			AllowHTTP:    cfg.AllowHTTP,
-			AllowPrivate: cfg.AllowPrivateTargets,
+			AllowHTTP:     cfg.AllowHTTP,
+			AllowPrivate:  cfg.AllowPrivateTargets,
+			AllowPrefixes: cfg.AllowedTargets,
 		},
 	}
 	if o.log == nil {

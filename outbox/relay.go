@@ -51,6 +51,29 @@ type Relay struct {
 	stopErr     error
 
 	secrets secretCache
+	stats   relayCounters
+}
+
+type relayCounters struct {
+	claimed, succeeded, failed, dead, released, lost atomic.Uint64
+}
+
+// RelayStats counts what a relay has done since it started.
+type RelayStats struct {
+	Claimed      uint64 // deliveries claimed
+	Succeeded    uint64 // attempts answered 2xx and recorded
+	Failed       uint64 // failed attempts recorded with a retry scheduled
+	DeadLettered uint64 // deliveries moved to the dead-letter table
+	Released     uint64 // claims given back unspent (stopping, busy endpoint, disabled endpoint)
+	LeaseLost    uint64 // outcomes discarded because another relay took the delivery over
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{
+		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
+		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), LeaseLost: r.stats.lost.Load(),
+	}
 }
 
 // job is one claimed delivery in memory.
@@ -85,6 +108,7 @@ func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
 		client: safehttp.New(safehttp.Config{
 			AllowHTTP:           o.cfg.AllowHTTP,
 			AllowPrivate:        o.cfg.AllowPrivateTargets,
+			AllowPrefixes:       o.cfg.AllowedTargets,
 			Timeout:             cfg.Timeout,
 			ConnectTimeout:      cfg.ConnectTimeout,
 			MaxRedirects:        cfg.MaxRedirects,
@@ -322,6 +346,7 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 		} else {
 			errBackoff = 50 * time.Millisecond
 			startBy := startMono.Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5)
+			r.stats.claimed.Add(uint64(len(claimed)))
 			for i := range claimed {
 				r.held.Add(1)
 				r.dispatch(&job{c: claimed[i], startBy: startBy})

@@ -64,6 +64,7 @@ func newClient(cfg Config, th testHooks) *Client {
 		lookup:       cfg.LookupIPAddr,
 		connTimeout:  cfg.ConnectTimeout,
 		allowPrivate: cfg.AllowPrivate,
+		permitted:    cfg.permitted,
 		tlsTimeout:   cfg.Timeout,
 		tls: &tls.Config{
 			MinVersion: tls.VersionTLS12,

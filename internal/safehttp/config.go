@@ -3,6 +3,7 @@ package safehttp
 import (
 	"context"
 	"net"
+	"net/netip"
 	"time"
 )
 
@@ -28,6 +29,10 @@ type Config struct {
 	// Forbidden refuses become reachable. For tests and self-hosted setups
 	// where receivers live on the same network.
 	AllowPrivate bool
+	// AllowPrefixes lets these networks through the address guard even
+	// though Forbidden refuses them: a partner's VPN range, or one loopback
+	// address in tests, without opening every private address.
+	AllowPrefixes []netip.Prefix
 	// Timeout bounds a whole Post: connecting, every redirect, and reading
 	// the capped response body. Default 5s.
 	Timeout time.Duration
@@ -87,3 +92,17 @@ func (c Config) follows() int { return max(c.MaxRedirects, 0) }
 
 // excerptLimit is the most bytes read into the excerpt.
 func (c Config) excerptLimit() int { return int(min(int64(c.ExcerptBytes), c.MaxBodyBytes)) }
+
+// permitted reports whether the guard lets ip through.
+func (c Config) permitted(ip netip.Addr) bool {
+	if c.AllowPrivate {
+		return true
+	}
+	ip = ip.Unmap()
+	for _, p := range c.AllowPrefixes {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}

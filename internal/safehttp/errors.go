@@ -17,28 +17,28 @@ var (
 	// ErrInvalidURL: the URL (or a redirect's Location) is not an absolute
 	// http(s) URL with a host, or carries credentials, a fragment (at
 	// registration), a bad port or a legacy numeric IPv4 host.
-	ErrInvalidURL = errors.New("safehttp: invalid URL")
+	ErrInvalidURL = errors.New("txhook: invalid URL")
 	// ErrInsecureScheme: http:// where https:// is required.
-	ErrInsecureScheme = errors.New("safehttp: insecure scheme (https required)")
+	ErrInsecureScheme = errors.New("txhook: insecure scheme (https required)")
 	// ErrForbiddenAddress: the target is, or resolves to, an address that
 	// Forbidden refuses. The message names the address and why.
-	ErrForbiddenAddress = errors.New("safehttp: forbidden address")
+	ErrForbiddenAddress = errors.New("txhook: forbidden address")
 	// ErrTooManyRedirects: the receiver redirected more than MaxRedirects
 	// times.
-	ErrTooManyRedirects = errors.New("safehttp: too many redirects")
+	ErrTooManyRedirects = errors.New("txhook: too many redirects")
 	// ErrTimeout: Timeout (or ConnectTimeout, or the caller's deadline)
 	// expired before the response and its capped body were read.
-	ErrTimeout = errors.New("safehttp: timeout")
+	ErrTimeout = errors.New("txhook: timeout")
 	// ErrConnection: no usable connection or response: refused, reset,
 	// DNS failure, malformed response, or the caller canceled ctx
 	// (context.Canceled is then in the chain).
-	ErrConnection = errors.New("safehttp: connection failed")
+	ErrConnection = errors.New("txhook: connection failed")
 	// ErrTLS: the TLS handshake failed (untrusted certificate, wrong name,
 	// protocol mismatch, alert from the peer).
-	ErrTLS = errors.New("safehttp: TLS handshake failed")
+	ErrTLS = errors.New("txhook: TLS handshake failed")
 	// ErrStatus: the final response was not 2xx. Its message is only the
 	// status, e.g. "HTTP 503".
-	ErrStatus = errors.New("safehttp: non-2xx status")
+	ErrStatus = errors.New("txhook: non-2xx status")
 )
 
 // forbiddenError names the refused address and the rule that refused it.
@@ -49,9 +49,9 @@ type forbiddenError struct {
 }
 
 func (e *forbiddenError) Error() string {
-	s := "safehttp: forbidden address " + e.ip.String() + " (" + e.why + ")"
+	s := "txhook: forbidden address " + e.ip.String() + " (" + e.why + ")"
 	if e.host != "" {
-		s = "safehttp: host " + e.host + " resolves to forbidden address " + e.ip.String() + " (" + e.why + ")"
+		s = "txhook: host " + e.host + " resolves to forbidden address " + e.ip.String() + " (" + e.why + ")"
 	}
 	return s
 }

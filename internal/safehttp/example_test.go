@@ -26,12 +26,12 @@ func ExampleCheckURL() {
 	}
 	// Output:
 	// <nil>
-	// safehttp: insecure scheme (https required)
-	// safehttp: forbidden address 10.0.0.5 (private)
-	// safehttp: forbidden address 169.254.169.254 (cloud metadata)
-	// safehttp: forbidden address ::ffff:127.0.0.1 (loopback)
-	// safehttp: invalid URL: host "0x7f.1" is a non-canonical numeric IPv4 form
-	// safehttp: invalid URL: credentials in URL
+	// txhook: insecure scheme (https required)
+	// txhook: forbidden address 10.0.0.5 (private)
+	// txhook: forbidden address 169.254.169.254 (cloud metadata)
+	// txhook: forbidden address ::ffff:127.0.0.1 (loopback)
+	// txhook: invalid URL: host "0x7f.1" is a non-canonical numeric IPv4 form
+	// txhook: invalid URL: credentials in URL
 }
 
 func ExampleClient_Post() {

@@ -130,6 +130,7 @@ type guard struct {
 	lookup       func(ctx context.Context, host string) ([]net.IPAddr, error)
 	connTimeout  time.Duration
 	allowPrivate bool
+	permitted    func(netip.Addr) bool   // Config.permitted
 	allow        map[netip.AddrPort]bool // tests only: exact ip:port let through
 	tls          *tls.Config             // base client config; cloned per connection
 	tlsTimeout   time.Duration
@@ -141,7 +142,7 @@ func (g *guard) control(network, address string, _ syscall.RawConn) error {
 		// Fail closed: never connect to something we could not judge.
 		return fmt.Errorf("%w: unparseable dial address %q", ErrForbiddenAddress, address)
 	}
-	if g.allow[ap] || g.allowPrivate {
+	if g.allow[ap] || g.allowPrivate || (g.permitted != nil && g.permitted(ap.Addr())) {
 		return nil
 	}
 	if why := forbiddenReason(ap.Addr()); why != "" {

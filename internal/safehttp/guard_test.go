@@ -1,6 +1,11 @@
 package safehttp
 
 import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"testing"
 )
@@ -131,5 +136,43 @@ func TestLegacyNumeric(t *testing.T) {
 		if got := legacyNumeric(tt.host); got != tt.want {
 			t.Errorf("legacyNumeric(%q) = %v, want %v", tt.host, got, tt.want)
 		}
+	}
+}
+
+func TestAllowPrefixes(t *testing.T) {
+	t.Parallel()
+	cfg := Config{AllowHTTP: true, AllowPrefixes: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("127.0.0.2/32")}}
+	ctx := context.Background()
+	for _, ok := range []string{"http://10.20.3.4/", "http://127.0.0.2:8080/x", "http://[::ffff:10.20.0.1]/"} {
+		if err := CheckURL(ctx, ok, cfg); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"http://10.21.0.1/", "http://127.0.0.1/", "http://169.254.169.254/"} {
+		if err := CheckURL(ctx, bad, cfg); !errors.Is(err, ErrForbiddenAddress) {
+			t.Errorf("%s: err = %v, want ErrForbiddenAddress", bad, err)
+		}
+	}
+	// At connect time: a server on 127.0.0.1 is refused, one on 127.0.0.2 reached.
+	hit := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hit++ }))
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot listen on 127.0.0.2: %v", err)
+	}
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	c := New(cfg)
+	if res := c.Post(ctx, srv.URL, nil, []byte("{}")); !res.OK() {
+		t.Fatalf("allowed address refused: %v", res.Err)
+	}
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hit += 100 }))
+	defer other.Close()
+	if res := c.Post(ctx, other.URL, nil, []byte("{}")); !errors.Is(res.Err, ErrForbiddenAddress) {
+		t.Fatalf("127.0.0.1 not refused: %v", res.Err)
+	}
+	if hit != 1 {
+		t.Fatalf("hits = %d, want 1", hit)
 	}
 }

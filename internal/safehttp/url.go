@@ -37,7 +37,7 @@ func CheckURL(ctx context.Context, raw string, cfg Config) error {
 	}
 	host := u.Hostname()
 	if ip, err := netip.ParseAddr(host); err == nil {
-		if why := forbiddenReason(ip); why != "" {
+		if why := forbiddenReason(ip); why != "" && !cfg.permitted(ip) {
 			return &forbiddenError{ip: ip, why: why}
 		}
 		return nil
@@ -58,7 +58,7 @@ func CheckURL(ctx context.Context, raw string, cfg Config) error {
 		if !ok {
 			return fmt.Errorf("%w: resolve %s: bad address %v", ErrConnection, host, a.IP)
 		}
-		if why := forbiddenReason(ip); why != "" {
+		if why := forbiddenReason(ip); why != "" && !cfg.permitted(ip) {
 			return &forbiddenError{ip: ip.Unmap(), why: why, host: host}
 		}
 	}
