@@ -158,7 +158,7 @@ func (v *Verifier) serve(w http.ResponseWriter, r *http.Request, next http.Handl
 	switch {
 	case deferred:
 		if !sw.wrote {
-			sw.WriteHeader(http.StatusAccepted)
+			answer(sw, http.StatusAccepted, "accepted")
 		}
 	case sw.wrote && (sw.status < 200 || sw.status > 299):
 		d.finish(errHandlerStatus)
