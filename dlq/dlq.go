@@ -33,12 +33,13 @@ import (
 // Queue is the dead-letter table of one outbox. It is safe for concurrent
 // use.
 type Queue struct {
+	ob *outbox.Outbox
 	in link.Internals
 }
 
 // New returns the dead-letter table of ob.
 func New(ob *outbox.Outbox) *Queue {
-	return &Queue{in: link.Outbox(ob)}
+	return &Queue{ob: ob, in: link.Outbox(ob)}
 }
 
 // Errors; test with errors.Is.
@@ -78,21 +79,11 @@ type Entry struct {
 	FailedAt   time.Time
 }
 
-// Attempt is one recorded attempt of a delivery.
-type Attempt struct {
-	Number          int
-	StartedAt       time.Time
-	Duration        time.Duration
-	Status          int // 0: no HTTP response
-	ResponseExcerpt string
-	Error           string
-}
-
 // Detail is a dead letter with its event payload and attempt log.
 type Detail struct {
 	Entry
 	Payload  json.RawMessage
-	Attempts []Attempt
+	Attempts []outbox.Attempt
 }
 
 // Page is one page of a listing. Next is the cursor of the following page,
@@ -158,13 +149,8 @@ func (q *Queue) Get(ctx context.Context, deliveryID int64) (Detail, error) {
 		return Detail{}, fmt.Errorf("txhook: event of dead letter %d: %w", deliveryID, err)
 	}
 	d.Payload = payload
-	atts, err := q.in.Store.Attempts(ctx, deliveryID)
-	if err != nil {
+	if d.Attempts, err = q.ob.DeliveryAttempts(ctx, deliveryID); err != nil {
 		return Detail{}, err
-	}
-	for _, a := range atts {
-		d.Attempts = append(d.Attempts, Attempt{Number: a.Attempt, StartedAt: a.StartedAt, Duration: a.Duration,
-			Status: a.Status, ResponseExcerpt: a.Excerpt, Error: a.Error})
 	}
 	return d, nil
 }

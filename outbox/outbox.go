@@ -199,3 +199,12 @@ func init() {
 		return link.Internals{Store: o.st, Clock: o.clock, Logger: o.log, Wake: func() { o.wake(context.Background()) }}
 	}
 }
+
+// SQLiteDSN returns the mattn/go-sqlite3 connection string txhook
+// recommends for a database file: WAL journaling so readers never block the
+// writer, a busy timeout so writers queue instead of failing, IMMEDIATE
+// transactions so a transaction that reads before it writes never fails
+// upgrading its lock, and foreign keys on.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate&_foreign_keys=on"
+}

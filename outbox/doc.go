@@ -1,0 +1,71 @@
+// Package outbox is the sending side of txhook: it writes webhook events
+// inside the caller's own database transaction (the transactional outbox
+// pattern), manages the endpoints that receive them, and runs the relay that
+// delivers them.
+//
+// # The model
+//
+// Enqueue writes an event and one delivery per subscribed endpoint through
+// the caller's *sql.Tx or *sqlx.Tx, so the webhook commits or rolls back
+// with the business change that caused it: there is no window in which a
+// payment exists without its event, or an event without its payment.
+//
+// A Relay claims due deliveries in batches under a lease, signs each request
+// (Standard Webhooks by default, see package signer), POSTs it through an
+// HTTP client that refuses private and metadata addresses at connect time,
+// and records every attempt. A failed attempt is retried on the schedule of
+// package retry; after the last one the delivery moves to the dead-letter
+// table (package dlq) in the same transaction that records that attempt.
+// A relay that dies leaves its deliveries to others when their leases
+// expire: every event ends up delivered or dead-lettered, never silently
+// dropped. Delivery is at least once; receivers deduplicate on the event ID,
+// which stays the same across attempts and replays (package verify does it
+// for Go receivers).
+//
+// # Databases
+//
+// SQLite (mattn/go-sqlite3) is the embedded default, for single-process
+// applications: open it with SQLiteDSN. PostgreSQL, through lib/pq or pgx's
+// database/sql driver, is the production path: any number of relays on any
+// number of hosts share one outbox, claiming with FOR UPDATE SKIP LOCKED.
+// Enqueue wakes them with a NOTIFY sent at commit; with lib/pq the relay
+// needs Config.ListenDSN for its listening connection, with pgx it uses one
+// pooled connection. Polling every RelayConfig.PollInterval remains as the
+// fallback.
+//
+// # Use
+//
+//	ob, err := outbox.New(ctx, db, outbox.Config{})
+//	err = ob.Migrate(ctx)
+//	ep, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{
+//		Tenant: "merchant_42", URL: "https://merchant.example/webhooks",
+//		EventTypes: []string{"payment.*"},
+//	})
+//	// show ep.Secrets[0].Value to the merchant once
+//
+//	relay, err := ob.NewRelay(outbox.RelayConfig{})
+//	err = relay.Start(ctx)
+//	defer relay.Stop(shutdownCtx)
+//
+//	// in the business transaction:
+//	tx, err := db.BeginTx(ctx, nil)
+//	_, err = tx.ExecContext(ctx, "UPDATE payments SET status = 'succeeded' WHERE id = $1", id)
+//	eventID, err := ob.Enqueue(ctx, tx, outbox.Event{
+//		Tenant: "merchant_42", Type: "payment.succeeded",
+//		IdempotencyKey: id + ":succeeded",
+//		Payload:        payloadJSON,
+//	})
+//	err = tx.Commit()
+//
+// # What receivers get
+//
+// A POST with Content-Type application/json, a User-Agent naming txhook,
+// the headers Webhook-Id (the event ID) and Webhook-Event-Type, the
+// signer's headers, and the body
+//
+//	{"id":"01J…","type":"payment.succeeded","timestamp":"2026-11-30T12:00:00.000000Z","data":{…}}
+//
+// where data is the enqueued payload byte for byte and timestamp is when it
+// was enqueued. The body is identical on every attempt and replay; the
+// signature timestamp is that of the attempt.
+package outbox
