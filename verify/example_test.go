@@ -121,10 +121,12 @@ func ExampleAsync() {
 	jobs := make(chan job, 100)
 	srv := httptest.NewServer(v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ev, _ := verify.EventFrom(r.Context())
+		done := verify.Async(r.Context())
 		select {
-		case jobs <- job{ev, verify.Async(r.Context())}:
+		case jobs <- job{ev, done}:
 		default:
-			http.Error(w, "busy", http.StatusServiceUnavailable) // not Async: the claim is released
+			done(errors.New("queue full")) // releases the claim
+			http.Error(w, "busy", http.StatusServiceUnavailable)
 		}
 	})))
 	defer srv.Close()
