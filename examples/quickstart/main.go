@@ -38,10 +38,10 @@ func main() {
 }
 
 // receiver is a merchant's webhook endpoint: it checks signatures and
-// remembers the event IDs it has seen.
+// remembers the event IDs it has seen. It reports each receipt on got, for
+// the main goroutine to print.
 type receiver struct {
 	name   string
-	out    io.Writer
 	secret atomic.Value // string
 	down   atomic.Bool
 	mu     sync.Mutex
@@ -69,9 +69,8 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc.seen[msg.ID]++
 	n := rc.seen[msg.ID]
 	rc.mu.Unlock()
-	fmt.Fprintf(rc.out, "  %-7s received %s %s (signature ok, copy #%d)\n", rc.name, r.Header.Get(outbox.HeaderEventType), msg.ID, n)
 	w.WriteHeader(http.StatusNoContent)
-	rc.got <- msg.ID
+	rc.got <- fmt.Sprintf("  %-7s received %s %s (signature ok, copy #%d)", rc.name, r.Header.Get(outbox.HeaderEventType), msg.ID, n)
 }
 
 func serve(h http.Handler) (url string, stop func(), err error) {
@@ -121,8 +120,8 @@ func run(out io.Writer) error {
 		return err
 	}
 
-	acme := &receiver{name: "acme", out: out, seen: map[string]int{}, got: make(chan string, 100)}
-	globex := &receiver{name: "globex", out: out, seen: map[string]int{}, got: make(chan string, 100)}
+	acme := &receiver{name: "acme", seen: map[string]int{}, got: make(chan string, 100)}
+	globex := &receiver{name: "globex", seen: map[string]int{}, got: make(chan string, 100)}
 	globex.down.Store(true)
 	endpoints := map[string]outbox.Endpoint{}
 	for merchant, rc := range map[string]*receiver{"acme": acme, "globex": globex} {
@@ -198,7 +197,7 @@ func run(out io.Writer) error {
 
 	fmt.Fprintln(out, "3. the relay delivers:")
 	for range 2 {
-		if err := waitFor(ctx, acme.got); err != nil {
+		if err := waitFor(ctx, out, acme.got); err != nil {
 			return err
 		}
 	}
@@ -224,7 +223,7 @@ func run(out io.Writer) error {
 	}
 	fmt.Fprintf(out, "5. globex is back; an operator replays %d dead letters (same event IDs, so receivers can deduplicate):\n", n)
 	for range n {
-		if err := waitFor(ctx, globex.got); err != nil {
+		if err := waitFor(ctx, out, globex.got); err != nil {
 			return err
 		}
 	}
@@ -247,9 +246,11 @@ func run(out io.Writer) error {
 	return nil
 }
 
-func waitFor(ctx context.Context, ch <-chan string) error {
+// waitFor prints the next receipt reported on ch.
+func waitFor(ctx context.Context, out io.Writer, ch <-chan string) error {
 	select {
-	case <-ch:
+	case line := <-ch:
+		fmt.Fprintln(out, line)
 		return nil
 	case <-ctx.Done():
 		return errors.New("timed out waiting for a delivery")
