@@ -166,3 +166,14 @@ func withSearchPath(dsn, schema string) (string, error) {
 	}
 	return dsn + " search_path=" + schema, nil
 }
+
+// Reopen returns a second pool on the same database, closed when t ends.
+func Reopen(t testing.TB, db *DB) *sql.DB {
+	t.Helper()
+	other, err := sql.Open(db.Backend.Driver, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	return other
+}
