@@ -58,6 +58,16 @@
 // other means (a serverless event, a queue). For slow work, a handler can
 // answer 202 at once and finish in the background: see Async.
 //
+// # Event IDs
+//
+// The event ID is the deduplication key, so it must be one the sender
+// signed. In the Standard scheme that is the webhook-id header. The
+// Stripe-style scheme does not sign webhook-id, so there the ID is the "id"
+// member of the signed body, and a body without one is refused (400):
+// otherwise anyone replaying a captured request within the tolerance could
+// change the header and have it processed again. txhook's sender puts the
+// ID in both places.
+//
 // # Secrets
 //
 // Config.Secrets takes every secret a signature may match: during a

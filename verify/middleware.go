@@ -44,6 +44,10 @@ func EventFrom(ctx context.Context) (Event, bool) {
 // not the handler's status; unless the handler writes a status itself, the
 // middleware answers 202 Accepted. If the handler panics, the claim is
 // released and done does nothing. Outside Middleware, done does nothing.
+//
+// Call Async once the work is sure to be handed over, or call done(err)
+// yourself if the hand-over fails (a full queue): a claim that nobody
+// settles blocks retries until its lease ends.
 func Async(ctx context.Context) (done func(err error)) {
 	d, ok := ctx.Value(ctxKey{}).(*delivery)
 	if !ok {

@@ -99,7 +99,9 @@ type Event struct {
 	// or the "id" member of the signed body (Stripe, whose header id is not
 	// signed and could be changed by whoever replays a request).
 	ID string
-	// Type is the body's "type", such as "payment.succeeded".
+	// Type is the body's "type", such as "payment.succeeded". (The
+	// Webhook-Event-Type header that txhook also sends is not signed, and
+	// not used.)
 	Type string
 	// Timestamp is the body's "timestamp", when the event happened; zero if
 	// absent or not RFC 3339.
