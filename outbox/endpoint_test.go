@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,26 +92,44 @@ func TestSecretsNeverPrinted(t *testing.T) {
 func TestDisabledEndpointWaitsWithoutSpendingAttempts(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
 		b := setup(t, db, outbox.Config{})
-		rc := newReceiver(t, nil)
+		var healthy atomic.Bool
+		rc := newReceiver(t, func(n int, r *http.Request) int {
+			if healthy.Load() {
+				return http.StatusOK
+			}
+			return http.StatusServiceUnavailable
+		})
 		ep := b.endpoint("m", rc.URL)
+		b.relay(outbox.RelayConfig{})
 		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`1`)})
+		// The first attempt fails; the retry is due in about ten seconds.
+		b.eventually("first attempt", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending' AND attempts = 1") == 1
+		})
 		if err := b.ob.DisableEndpoint(b.ctx, ep.ID, "maintenance"); err != nil {
 			t.Fatal(err)
 		}
-		// Enqueued while disabled: not queued for it at all.
-		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`2`)})
-		b.relay(outbox.RelayConfig{})
-		if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'paused' AND attempts = 0"); n != 1 {
+		if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'paused' AND attempts = 1"); n != 1 {
 			t.Fatalf("paused deliveries = %d, want 1", n)
 		}
+		// Enqueued while disabled: no delivery for it at all.
+		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`2`)})
+		b.eventually("second event dispatched", func() bool {
+			return b.count("SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL") == 0
+		})
+		if n := b.count("SELECT count(*) FROM txhook_deliveries"); n != 1 {
+			t.Fatalf("deliveries = %d, want 1", n)
+		}
+		healthy.Store(true)
 		if err := b.ob.EnableEndpoint(b.ctx, ep.ID); err != nil {
 			t.Fatal(err)
 		}
+		// Due at once on enabling, not ten seconds after the failure.
 		b.eventually("delivery after enable", func() bool {
-			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded' AND attempts = 1") == 1
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded' AND attempts = 2") == 1
 		})
-		if n := len(rc.requests()); n != 1 {
-			t.Fatalf("receiver got %d requests, want 1", n)
+		if n := len(rc.requests()); n != 2 {
+			t.Fatalf("receiver got %d requests, want 2", n)
 		}
 	})
 }

@@ -51,10 +51,15 @@ var (
 	typePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$`)
 )
 
-// Enqueue writes ev and one delivery per enabled endpoint of ev.Tenant that
-// subscribes to ev.Type, through tx, which should be the caller's business
-// transaction: a rollback leaves nothing, a commit makes the deliveries due
-// at once. It returns the event's ID.
+// Enqueue writes ev through tx, which should be the caller's business
+// transaction: a rollback leaves nothing, a commit makes the event due at
+// once. It returns the event's ID.
+//
+// Enqueue writes one row, the event, so that it costs the business
+// transaction about what a plain INSERT would. A relay then dispatches the
+// event: it creates one delivery per enabled endpoint of ev.Tenant that
+// subscribes to ev.Type, as they are at that moment (normally milliseconds
+// after the commit), and makes the first attempt.
 //
 // Invalid events are refused before anything is written, with errors
 // matching ErrInvalidEvent, ErrInvalidPayload or ErrPayloadTooLarge.
@@ -74,7 +79,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 	if o.st.Dialect == store.Postgres && o.cfg.NotifyInterval > 0 {
 		notify = now.UnixNano()-o.lastNotify.Load() >= int64(o.cfg.NotifyInterval)
 	}
-	id, n, _, notified, err := o.st.InsertEvent(ctx, tx, store.NewEvent{
+	id, inserted, notified, err := o.st.InsertEvent(ctx, tx, store.NewEvent{
 		ID:             ev.ID,
 		Tenant:         ev.Tenant,
 		Type:           ev.Type,
@@ -88,7 +93,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 	if notified {
 		o.lastNotify.Store(now.UnixNano())
 	}
-	if n > 0 && o.st.Dialect == store.SQLite {
+	if inserted && o.st.Dialect == store.SQLite {
 		o.st.WakeLocal()
 	}
 	return id, nil

@@ -94,8 +94,8 @@ func TestEnqueueWithSqlxTx(t *testing.T) {
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
-		if n := b.count("SELECT count(*) FROM txhook_deliveries"); n != 1 {
-			t.Fatalf("deliveries = %d", n)
+		if n := b.count("SELECT count(*) FROM txhook_events"); n != 1 {
+			t.Fatalf("events = %d", n)
 		}
 	})
 }
@@ -124,25 +124,23 @@ func TestEnqueueIdempotent(t *testing.T) {
 		if n := b.count("SELECT count(*) FROM txhook_events"); n != 3 {
 			t.Fatalf("events = %d, want 3", n)
 		}
-		if n := b.count("SELECT count(*) FROM txhook_deliveries"); n != 3 {
-			t.Fatalf("deliveries = %d, want 3", n)
-		}
 	})
 }
 
-func TestEnqueueMatchesSubscriptions(t *testing.T) {
+func TestDispatchMatchesSubscriptions(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
 		b := setup(t, db, outbox.Config{})
-		all := b.endpoint("m", "http://127.0.0.1:9/all")
-		exact := b.endpoint("m", "http://127.0.0.1:9/exact", "payment.succeeded")
-		wild := b.endpoint("m", "http://127.0.0.1:9/wild", "payment.*")
-		star := b.endpoint("m", "http://127.0.0.1:9/star", "*")
-		refunds := b.endpoint("m", "http://127.0.0.1:9/refund", "refund.created", "refund.*")
-		disabled := b.endpoint("m", "http://127.0.0.1:9/disabled")
+		rc := newReceiver(t, nil)
+		all := b.endpoint("m", rc.URL+"/all")
+		exact := b.endpoint("m", rc.URL+"/exact", "payment.succeeded")
+		wild := b.endpoint("m", rc.URL+"/wild", "payment.*")
+		star := b.endpoint("m", rc.URL+"/star", "*")
+		refunds := b.endpoint("m", rc.URL+"/refund", "refund.created", "refund.*")
+		disabled := b.endpoint("m", rc.URL+"/disabled")
 		if err := b.ob.DisableEndpoint(b.ctx, disabled.ID, "test"); err != nil {
 			t.Fatal(err)
 		}
-		b.endpoint("other-tenant", "http://127.0.0.1:9/other")
+		b.endpoint("other-tenant", rc.URL+"/other")
 
 		cases := []struct {
 			typ  string
@@ -153,27 +151,35 @@ func TestEnqueueMatchesSubscriptions(t *testing.T) {
 			{"paymentX", []string{all.ID, star.ID}},
 			{"refund.created", []string{all.ID, star.ID, refunds.ID}},
 		}
-		for _, c := range cases {
-			id := b.enqueue(outbox.Event{Tenant: "m", Type: c.typ, Payload: []byte(`{}`)})
-			rows, err := db.QueryContext(b.ctx, b.rebind("SELECT endpoint_id FROM txhook_deliveries WHERE event_id = ? ORDER BY endpoint_id"), id)
+		ids := make([]string, len(cases))
+		for i, c := range cases {
+			ids[i] = b.enqueue(outbox.Event{Tenant: "m", Type: c.typ, Payload: []byte(`{}`)})
+		}
+		b.relay(outbox.RelayConfig{})
+		b.eventually("all deliveries made", func() bool {
+			return b.count("SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL") == 0 &&
+				b.count("SELECT count(*) FROM txhook_deliveries WHERE state <> 'succeeded'") == 0
+		})
+		for i, c := range cases {
+			ds, err := b.ob.EventDeliveries(b.ctx, ids[i])
 			if err != nil {
 				t.Fatal(err)
 			}
 			got := map[string]bool{}
-			for rows.Next() {
-				var s string
-				rows.Scan(&s)
-				got[s] = true
+			for _, d := range ds {
+				got[d.EndpointID] = true
 			}
-			rows.Close()
-			if len(got) != len(c.want) {
-				t.Errorf("%s: got %d deliveries, want %d", c.typ, len(got), len(c.want))
+			if len(ds) != len(c.want) {
+				t.Errorf("%s: got %d deliveries, want %d", c.typ, len(ds), len(c.want))
 			}
 			for _, w := range c.want {
 				if !got[w] {
 					t.Errorf("%s: no delivery for %s", c.typ, w)
 				}
 			}
+		}
+		if n := len(rc.requests()); n != 12 {
+			t.Fatalf("receiver got %d requests, want 12", n)
 		}
 	})
 }

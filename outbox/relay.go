@@ -316,6 +316,7 @@ const minPoll = time.Millisecond
 
 func (r *Relay) fetchLoop(ctx context.Context) {
 	defer close(r.fetchDone)
+	// An event fans out to several deliveries, so one claim can overshoot n.
 	capacity := int64(r.cfg.Concurrency + r.cfg.BatchSize)
 	delay := time.Duration(0)
 	timer := r.clock.NewTimer(time.Hour)
@@ -333,9 +334,7 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 			}
 		}
 		n := int(min(free, int64(r.cfg.BatchSize)))
-		start := r.clock.Now()
-		startMono := time.Now()
-		claimed, err := r.st.Claim(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), n)
+		claimed, err := r.claim(ctx, n)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -345,16 +344,10 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 			errBackoff = min(errBackoff*2, 5*time.Second)
 		} else {
 			errBackoff = 50 * time.Millisecond
-			startBy := startMono.Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5)
-			r.stats.claimed.Add(uint64(len(claimed)))
-			for i := range claimed {
-				r.held.Add(1)
-				r.dispatch(&job{c: claimed[i], startBy: startBy})
-			}
 			switch {
-			case len(claimed) == n:
+			case claimed >= n:
 				continue // more may be due right now
-			case len(claimed) > 0:
+			case claimed > 0:
 				delay = minPoll
 			case delay == 0:
 				delay = minPoll
@@ -375,6 +368,39 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 	}
 }
 
+// claim dispatches new events and claims due deliveries, up to n jobs in
+// all, hands them to the workers and returns how many it took.
+func (r *Relay) claim(ctx context.Context, n int) (int, error) {
+	start := r.clock.Now()
+	// The lease is measured locally from before the query: a conservative
+	// bound on the expiry the database stores.
+	startBy := time.Now().Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5)
+	got := 0
+	take := func(batch []store.Claimed) {
+		r.stats.claimed.Add(uint64(len(batch)))
+		for i := range batch {
+			r.held.Add(1)
+			r.dispatch(&job{c: batch[i], startBy: startBy})
+		}
+		got += len(batch)
+	}
+	fresh, err := r.st.Dispatch(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), n)
+	if err != nil {
+		return 0, err
+	}
+	take(fresh)
+	// One event can fan out to several deliveries; what is left of n goes
+	// to retries and rescued leases.
+	if rest := n - len(fresh); rest > 0 {
+		due, err := r.st.Claim(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), rest)
+		if err != nil {
+			return got, err
+		}
+		take(due)
+	}
+	return got, nil
+}
+
 // dispatch queues j behind its endpoint's in-flight limit.
 func (r *Relay) dispatch(j *job) {
 	r.mu.Lock()
@@ -386,7 +412,7 @@ func (r *Relay) dispatch(j *job) {
 	if q.inflight < r.cfg.EndpointConcurrency {
 		q.inflight++
 		r.mu.Unlock()
-		r.ready <- j // never blocks: ready holds every job the relay can hold
+		r.ready <- j
 		return
 	}
 	if len(q.waiting) < r.cfg.BatchSize {
@@ -402,9 +428,11 @@ func (r *Relay) dispatch(j *job) {
 	r.dropHeld()
 }
 
-// finish hands the endpoint's slot to its next waiting job.
-func (r *Relay) finish(j *job, took time.Duration) {
+// finish gives up j's endpoint slot, or returns the endpoint's next waiting
+// job for the same worker to run in that slot.
+func (r *Relay) finish(j *job, took time.Duration) *job {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	q := r.eps[j.c.EndpointID]
 	if took > 0 {
 		if q.ewma == 0 {
@@ -413,21 +441,17 @@ func (r *Relay) finish(j *job, took time.Duration) {
 			q.ewma = (q.ewma*7 + took) / 8
 		}
 	}
-	var next *job
 	if len(q.waiting) > 0 {
-		next = q.waiting[0]
+		next := q.waiting[0]
 		q.waiting[0] = nil
 		q.waiting = q.waiting[1:]
-	} else {
-		q.inflight--
-		if q.inflight == 0 {
-			delete(r.eps, j.c.EndpointID)
-		}
+		return next
 	}
-	r.mu.Unlock()
-	if next != nil {
-		r.ready <- next
+	q.inflight--
+	if q.inflight == 0 {
+		delete(r.eps, j.c.EndpointID)
 	}
+	return nil
 }
 
 func (r *Relay) worker() {
@@ -437,10 +461,13 @@ func (r *Relay) worker() {
 		case <-r.quit:
 			return
 		case j := <-r.ready:
-			c, took := r.process(j)
-			r.comp.add(c)
-			r.finish(j, took)
-			r.dropHeld()
+			for j != nil {
+				c, took := r.process(j)
+				r.comp.add(c)
+				next := r.finish(j, took)
+				r.dropHeld()
+				j = next
+			}
 		}
 	}
 }

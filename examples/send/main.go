@@ -175,12 +175,15 @@ func send(o options, out io.Writer) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if len(ds) != 1 {
+		// No delivery yet: the relay has not dispatched the event.
+		if len(ds) > 1 {
 			return false, fmt.Errorf("expected one delivery, found %d", len(ds))
 		}
-		d = ds[0]
-		if d.State == outbox.StateSucceeded || d.State == outbox.StateDead {
-			break
+		if len(ds) == 1 {
+			d = ds[0]
+			if d.State == outbox.StateSucceeded || d.State == outbox.StateDead {
+				break
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -23,15 +23,19 @@ CREATE TABLE txhook_events (
     type            TEXT    NOT NULL,
     payload         TEXT    NOT NULL,
     idempotency_key TEXT,
-    created_at      INTEGER NOT NULL
+    created_at      INTEGER NOT NULL,
+    dispatched_at   INTEGER
 );
 CREATE UNIQUE INDEX txhook_events_idempotency ON txhook_events (tenant, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
-CREATE INDEX txhook_events_created ON txhook_events (created_at);
+CREATE INDEX txhook_events_undispatched ON txhook_events (created_at)
+    WHERE dispatched_at IS NULL;
+CREATE INDEX txhook_events_dispatched ON txhook_events (dispatched_at)
+    WHERE dispatched_at IS NOT NULL;
 
 CREATE TABLE txhook_deliveries (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    event_id        TEXT    NOT NULL REFERENCES txhook_events (id) ON DELETE CASCADE,
+    event_id        TEXT    NOT NULL,
     endpoint_id     TEXT    NOT NULL,
     state           TEXT    NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'dead', 'paused')),
     attempts        INTEGER NOT NULL DEFAULT 0,
