@@ -44,7 +44,8 @@ type Attempt struct {
 }
 
 // EventDeliveries returns the deliveries of an event, oldest first: what
-// support staff look up when a merchant asks "did you send event X?".
+// support staff look up when a merchant asks "did you send event X?". An
+// event has none until a relay has dispatched it.
 func (o *Outbox) EventDeliveries(ctx context.Context, eventID string) ([]Delivery, error) {
 	rows, err := o.st.DeliveriesOfEvent(ctx, eventID)
 	if err != nil {

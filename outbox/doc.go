@@ -5,12 +5,16 @@
 //
 // # The model
 //
-// Enqueue writes an event and one delivery per subscribed endpoint through
-// the caller's *sql.Tx or *sqlx.Tx, so the webhook commits or rolls back
-// with the business change that caused it: there is no window in which a
-// payment exists without its event, or an event without its payment.
+// Enqueue writes the event through the caller's *sql.Tx or *sqlx.Tx, so the
+// webhook commits or rolls back with the business change that caused it:
+// there is no window in which a payment exists without its event, or an
+// event without its payment. It writes that one row and nothing else, so it
+// costs the transaction about what a plain INSERT would.
 //
-// A Relay claims due deliveries in batches under a lease, signs each request
+// A Relay dispatches committed events: in one statement it creates one
+// delivery per enabled endpoint of the event's tenant that subscribes to its
+// type, already claimed for the first attempt. It also claims due retries,
+// in batches under a lease. It signs each request
 // (Standard Webhooks by default, see package signer), POSTs it through an
 // HTTP client that refuses private and metadata addresses at connect time,
 // and records every attempt. A failed attempt is retried on the schedule of
