@@ -131,16 +131,33 @@ func (c *completer) report(batch []outcome, applied []int64) {
 				"delivery", x.ID, "attempt", x.Attempt)
 			continue
 		}
+		outcome := ""
 		switch {
 		case x.State == store.StateSucceeded:
 			r.stats.succeeded.Add(1)
+			outcome = OutcomeSucceeded
 		case x.State == store.StateDead:
 			r.stats.dead.Add(1)
 			r.deadLettered(x)
+			outcome = OutcomeDeadLettered
 		case x.Attempts < x.Attempt:
 			r.stats.released.Add(1)
 		default:
 			r.stats.failed.Add(1)
+			outcome = OutcomeRetry
+		}
+		if r.cfg.OnAttempt != nil && outcome != "" {
+			// The record of this attempt is the last one (an earlier one
+			// may be a lapsed lease's).
+			var rec store.AttemptRecord
+			if n := len(x.Records); n > 0 {
+				rec = x.Records[n-1]
+			}
+			r.cfg.OnAttempt(AttemptNotice{
+				DeliveryID: x.ID, EventID: x.eventID, EventType: x.eventType, Tenant: x.tenant,
+				EndpointID: x.endpointID, Attempt: rec.Attempt, Outcome: outcome, Status: rec.Status,
+				Duration: rec.Duration, Error: rec.Error,
+			})
 		}
 	}
 }

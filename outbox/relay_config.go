@@ -78,6 +78,32 @@ type RelayConfig struct {
 	// dead-letter table, from the relay's completion goroutine: it should
 	// return quickly (hand off to your alerting).
 	OnDeadLetter func(DeadLetterNotice)
+
+	// OnAttempt, if set, is called for every attempt once its record is
+	// written, from the relay's completion goroutine: for metrics. It must
+	// return quickly.
+	OnAttempt func(AttemptNotice)
+}
+
+// Attempt outcomes in AttemptNotice.
+const (
+	OutcomeSucceeded    = "succeeded"     // 2xx
+	OutcomeRetry        = "retry"         // failed; another attempt is scheduled
+	OutcomeDeadLettered = "dead_lettered" // failed; no attempt left
+)
+
+// AttemptNotice describes one recorded attempt.
+type AttemptNotice struct {
+	DeliveryID int64
+	EventID    string
+	EventType  string
+	Tenant     string
+	EndpointID string
+	Attempt    int
+	Outcome    string // OutcomeSucceeded, OutcomeRetry or OutcomeDeadLettered
+	Status     int    // 0: no HTTP response
+	Duration   time.Duration
+	Error      string // "" on success
 }
 
 // DeadLetterNotice describes a delivery that exhausted its attempts.

@@ -148,3 +148,28 @@ func oneRow(res sql.Result, err error) error {
 func IsNotFound(err error) bool {
 	return errors.Is(err, ErrNotFound) || errors.Is(err, sql.ErrNoRows)
 }
+
+// ModifySecrets replaces an endpoint's secrets with fn(current) in one
+// transaction, the row locked so concurrent rotations do not lose one.
+func (s *Store) ModifySecrets(ctx context.Context, id string, now time.Time, fn func(current []byte) ([]byte, error)) error {
+	return s.Tx(ctx, func(q Querier) error {
+		lock := ""
+		if s.Dialect == Postgres {
+			lock = " FOR UPDATE"
+		}
+		var cur string
+		err := q.QueryRowContext(ctx, s.Rebind(`SELECT secrets FROM txhook_endpoints WHERE id = ?`+lock), id).Scan(&cur)
+		if err == sql.ErrNoRows {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		next, err := fn([]byte(cur))
+		if err != nil {
+			return err
+		}
+		_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET secrets = ?, updated_at = ? WHERE id = ?`), string(next), s.T(now), id)
+		return err
+	})
+}
