@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -21,6 +23,9 @@ type completer struct {
 	// leases of whatever is dropped expire and other relays redo it.
 	abort     chan struct{}
 	abortOnce sync.Once
+	// healthy holds endpoints seen succeeding, and when; only the
+	// completion goroutine uses it.
+	healthy map[string]time.Time
 }
 
 const maxCompletionBatch = 500
@@ -97,7 +102,7 @@ func (c *completer) flush(ctx context.Context, batch []outcome, rows []store.Com
 	for {
 		applied, err := r.st.Complete(ctx, r.cfg.ID, r.clock.Now(), rows)
 		if err == nil {
-			c.report(batch, applied)
+			c.report(ctx, batch, applied)
 			return
 		}
 		r.log.Warn("txhook: writing delivery outcomes failed; retrying", "deliveries", len(batch), "error", err)
@@ -116,13 +121,15 @@ func (c *completer) flush(ctx context.Context, batch []outcome, rows []store.Com
 	}
 }
 
-// report logs what the batch did and tells the host about dead letters.
-func (c *completer) report(batch []outcome, applied []int64) {
+// report logs what the batch did, tells the host about dead letters and
+// attempts, and keeps endpoints' failure runs.
+func (c *completer) report(ctx context.Context, batch []outcome, applied []int64) {
 	r := c.r
 	ok := make(map[int64]bool, len(applied))
 	for _, id := range applied {
 		ok[id] = true
 	}
+	defer c.trackEndpoints(ctx, batch, ok)
 	for i := range batch {
 		x := &batch[i]
 		if !ok[x.ID] {
@@ -159,5 +166,91 @@ func (c *completer) report(batch []outcome, applied []int64) {
 				Duration: rec.Duration, Error: rec.Error,
 			})
 		}
+	}
+}
+
+// healthyFor is how long a success-only endpoint is trusted to have no run
+// of failures on record, sparing a query per batch. Another relay may start
+// one meanwhile; the next success after this expires clears it, long before
+// DisableAfter could act on it.
+const healthyFor = 10 * time.Second
+
+// trackEndpoints records on the endpoints which ones just succeeded or
+// failed, disables those failing for longer than DisableAfter (or answering
+// 410 Gone, with DisableOnGone), and tells the host.
+func (c *completer) trackEndpoints(ctx context.Context, batch []outcome, applied map[int64]bool) {
+	r := c.r
+	now := r.clock.Now()
+	var okEps, failedEps []string
+	seen := map[string]bool{}
+	gone := map[string]outcome{}
+	for i := range batch {
+		x := &batch[i]
+		if !applied[x.ID] || !x.Record {
+			continue // lost lease, release or pause: not an attempt
+		}
+		key := x.endpointID
+		if x.State == store.StateSucceeded {
+			key = "+" + key
+		}
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		if x.State == store.StateSucceeded {
+			if t, ok := c.healthy[x.endpointID]; ok && now.Sub(t) < healthyFor && now.After(t) {
+				continue
+			}
+			okEps = append(okEps, x.endpointID)
+			continue
+		}
+		delete(c.healthy, x.endpointID)
+		failedEps = append(failedEps, x.endpointID)
+		if r.cfg.DisableOnGone && x.Status == http.StatusGone {
+			gone[x.endpointID] = *x
+		}
+	}
+	if len(okEps) == 0 && len(failedEps) == 0 {
+		return
+	}
+	var disableBefore time.Time
+	if r.cfg.DisableAfter > 0 {
+		disableBefore = now.Add(-r.cfg.DisableAfter)
+	}
+	recovered, expired, err := r.st.TrackEndpoints(ctx, now, failedEps, okEps, disableBefore)
+	if err != nil {
+		r.log.Warn("txhook: recording endpoint health failed", "error", err)
+		return
+	}
+	if c.healthy == nil || len(c.healthy) > 10000 {
+		c.healthy = map[string]time.Time{}
+	}
+	for _, id := range okEps {
+		c.healthy[id] = now
+	}
+	for _, e := range recovered {
+		r.log.Info("txhook: endpoint recovered", "endpoint", e.ID, "tenant", e.Tenant, "failing_since", e.FailingSince)
+		if r.cfg.OnEndpointRecovered != nil {
+			r.cfg.OnEndpointRecovered(EndpointNotice{EndpointID: e.ID, Tenant: e.Tenant, FailingSince: e.FailingSince, At: now})
+		}
+	}
+	for _, e := range expired {
+		c.disable(ctx, e.ID, e.Tenant, e.FailingSince, fmt.Sprintf("every attempt failed since %s", e.FailingSince.UTC().Format(time.RFC3339)), now)
+		delete(gone, e.ID)
+	}
+	for id, x := range gone {
+		c.disable(ctx, id, x.tenant, time.Time{}, "the endpoint answered 410 Gone", now)
+	}
+}
+
+func (c *completer) disable(ctx context.Context, id, tenant string, since time.Time, reason string, now time.Time) {
+	r := c.r
+	if err := r.st.SetEndpointEnabled(ctx, id, false, reason, now); err != nil {
+		r.log.Warn("txhook: disabling endpoint failed", "endpoint", id, "error", err)
+		return
+	}
+	r.log.Warn("txhook: endpoint disabled", "endpoint", id, "tenant", tenant, "reason", reason)
+	if r.cfg.OnEndpointDisabled != nil {
+		r.cfg.OnEndpointDisabled(EndpointNotice{EndpointID: id, Tenant: tenant, Reason: reason, FailingSince: since, At: now})
 	}
 }

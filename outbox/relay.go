@@ -43,6 +43,7 @@ type Relay struct {
 	httpCtx     context.Context
 	bgCancel    context.CancelFunc
 	fetchDone   chan struct{}
+	maintDone   chan struct{}
 	quit        chan struct{}
 	workers     sync.WaitGroup
 	comp        *completer
@@ -162,6 +163,11 @@ func (r *Relay) Start(ctx context.Context) error {
 
 	r.fetchDone = make(chan struct{})
 	go r.fetchLoop(fetchCtx)
+	r.maintDone = make(chan struct{})
+	go func() {
+		defer close(r.maintDone)
+		r.maintain(fetchCtx)
+	}()
 
 	go func() {
 		select {
@@ -200,6 +206,7 @@ func (r *Relay) stop(ctx context.Context) error {
 	r.stopping.Store(true)
 	r.fetchCancel()
 	<-r.fetchDone
+	<-r.maintDone
 
 	// Release what is queued behind busy endpoints.
 	r.mu.Lock()

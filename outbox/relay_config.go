@@ -83,6 +83,35 @@ type RelayConfig struct {
 	// written, from the relay's completion goroutine: for metrics. It must
 	// return quickly.
 	OnAttempt func(AttemptNotice)
+
+	// DisableAfter disables an endpoint whose attempts have all failed for
+	// this long, so a receiver that is gone stops costing attempts; its
+	// waiting deliveries are paused until it is enabled again. Default 5
+	// days; negative never disables.
+	DisableAfter time.Duration
+
+	// DisableOnGone disables an endpoint at once when it answers 410 Gone,
+	// the Standard Webhooks signal that the receiver wants no more events.
+	DisableOnGone bool
+
+	// OnEndpointDisabled, if set, is called when the relay disables an
+	// endpoint (DisableAfter or DisableOnGone); OnEndpointRecovered when an
+	// endpoint succeeds after a run of failures. From the completion
+	// goroutine: hand off to your alerting and return.
+	OnEndpointDisabled  func(EndpointNotice)
+	OnEndpointRecovered func(EndpointNotice)
+
+	// Retention prunes old finished deliveries; see Retention.
+	Retention Retention
+}
+
+// EndpointNotice describes a change in an endpoint's health.
+type EndpointNotice struct {
+	EndpointID   string
+	Tenant       string
+	Reason       string    // why it was disabled; "" for a recovery
+	FailingSince time.Time // start of the run of failures
+	At           time.Time
 }
 
 // Attempt outcomes in AttemptNotice.
@@ -129,6 +158,7 @@ const (
 	DefaultMaxRedirects  = 2
 	DefaultMaxResponse   = 64 << 10
 	DefaultMaxRetryAfter = time.Hour
+	DefaultDisableAfter  = 5 * 24 * time.Hour
 )
 
 // ErrInvalidConfig is returned for a RelayConfig that cannot work.
@@ -175,6 +205,10 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
 	}
+	if c.DisableAfter == 0 {
+		c.DisableAfter = DefaultDisableAfter
+	}
+	c.Retention = c.Retention.withDefaults()
 	return c
 }
 

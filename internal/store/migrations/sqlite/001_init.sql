@@ -12,6 +12,7 @@ CREATE TABLE txhook_endpoints (
     secrets         TEXT    NOT NULL CHECK (json_valid(secrets)),
     enabled         INTEGER NOT NULL DEFAULT 1,
     disabled_reason TEXT    NOT NULL DEFAULT '',
+    failing_since   INTEGER,
     created_at      INTEGER NOT NULL,
     updated_at      INTEGER NOT NULL
 );
@@ -51,7 +52,7 @@ CREATE INDEX txhook_deliveries_due ON txhook_deliveries (next_attempt_at)
 CREATE INDEX txhook_deliveries_event ON txhook_deliveries (event_id);
 CREATE INDEX txhook_deliveries_endpoint ON txhook_deliveries (endpoint_id, state);
 CREATE INDEX txhook_deliveries_finished ON txhook_deliveries (updated_at)
-    WHERE state = 'succeeded';
+    WHERE state IN ('succeeded', 'dead');
 
 CREATE TABLE txhook_attempts (
     id               INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -81,3 +82,4 @@ CREATE TABLE txhook_dead_letters (
 CREATE INDEX txhook_dead_letters_failed ON txhook_dead_letters (failed_at, delivery_id);
 CREATE INDEX txhook_dead_letters_tenant ON txhook_dead_letters (tenant, failed_at);
 CREATE INDEX txhook_dead_letters_endpoint ON txhook_dead_letters (endpoint_id, failed_at);
+CREATE INDEX txhook_dead_letters_event ON txhook_dead_letters (event_id);

@@ -1,0 +1,131 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Retention says how long finished work is kept. The zero value keeps
+// succeeded deliveries 7 days and dead letters until they are purged.
+type Retention struct {
+	// Succeeded is how long succeeded deliveries and their attempt logs are
+	// kept after they finish (also replayed or purged dead letters'
+	// deliveries). Events go when none of their deliveries or dead letters
+	// remain; until then an idempotency key or event ID stays taken.
+	// Default 7 days; negative keeps them forever.
+	Succeeded time.Duration
+	// DeadLetters is how long dead letters are kept; zero or negative keeps
+	// them until purged.
+	DeadLetters time.Duration
+	// Interval is how often a relay prunes. Default 10 minutes; negative
+	// turns pruning off in the relay (call Outbox.Prune yourself).
+	Interval time.Duration
+	// BatchSize bounds each pruning transaction. Default 1000.
+	BatchSize int
+}
+
+// Default retention.
+const (
+	DefaultRetainSucceeded   = 7 * 24 * time.Hour
+	DefaultRetentionInterval = 10 * time.Minute
+	DefaultPruneBatch        = 1000
+)
+
+func (r Retention) withDefaults() Retention {
+	if r.Succeeded == 0 {
+		r.Succeeded = DefaultRetainSucceeded
+	}
+	if r.Interval == 0 {
+		r.Interval = DefaultRetentionInterval
+	}
+	if r.BatchSize <= 0 {
+		r.BatchSize = DefaultPruneBatch
+	}
+	return r
+}
+
+// Pruned counts what Prune deleted.
+type Pruned struct {
+	Deliveries  int
+	Attempts    int
+	Events      int
+	DeadLetters int
+}
+
+// maxPruneBatches bounds one Prune call, so a relay's pruning round never
+// runs unbounded after a long outage; the next round continues.
+const maxPruneBatches = 1000
+
+// Prune deletes what r no longer keeps, in transactions of at most
+// r.BatchSize rows. Relays call it every r.Interval; call it yourself to
+// prune from a cron job.
+func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
+	r = r.withDefaults()
+	now := o.clock.Now()
+	var p Pruned
+	loop := func(step func() (int, error)) error {
+		for range maxPruneBatches {
+			n, err := step()
+			if err != nil {
+				return fmt.Errorf("txhook: prune: %w", err)
+			}
+			if n < r.BatchSize {
+				return nil
+			}
+		}
+		return nil
+	}
+	if r.DeadLetters > 0 {
+		if err := loop(func() (int, error) {
+			n, err := o.st.PruneDeadLetters(ctx, now.Add(-r.DeadLetters), r.BatchSize)
+			p.DeadLetters += n
+			return n, err
+		}); err != nil {
+			return p, err
+		}
+	}
+	if r.Succeeded < 0 {
+		return p, nil
+	}
+	cut := now.Add(-r.Succeeded)
+	if err := loop(func() (int, error) {
+		n, a, err := o.st.PruneFinished(ctx, cut, r.BatchSize)
+		p.Deliveries += n
+		p.Attempts += a
+		return n, err
+	}); err != nil {
+		return p, err
+	}
+	err := loop(func() (int, error) {
+		n, err := o.st.PruneEvents(ctx, cut, r.BatchSize)
+		p.Events += n
+		return n, err
+	})
+	return p, err
+}
+
+// maintain prunes every Retention.Interval until ctx ends.
+func (r *Relay) maintain(ctx context.Context) {
+	iv := r.cfg.Retention.Interval
+	if iv < 0 {
+		return
+	}
+	t := r.clock.NewTimer(iv)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		p, err := r.o.Prune(ctx, r.cfg.Retention)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.log.Warn("txhook: pruning failed", "error", err)
+		case p != Pruned{}:
+			r.log.Info("txhook: pruned", "deliveries", p.Deliveries, "attempts", p.Attempts, "events", p.Events, "dead_letters", p.DeadLetters)
+		}
+		t.Reset(iv)
+	}
+}
