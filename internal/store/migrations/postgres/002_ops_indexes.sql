@@ -1,0 +1,16 @@
+-- txhook schema, version 2 (PostgreSQL): indexes for the operations UI and
+-- endpoint health.
+--
+-- Both are created IF NOT EXISTS: on a large, busy outbox, create them
+-- first with CREATE INDEX CONCURRENTLY (same names and definitions) so that
+-- this migration does not hold a write lock while they are built.
+
+-- One endpoint's deliveries, newest first, paged on (created_at, id).
+CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_created
+    ON txhook_deliveries (endpoint_id, created_at, id);
+
+-- An endpoint's latest failed attempt. Every failed attempt records an
+-- error message and no successful one does; failures are the rare case, so
+-- this partial index stays small and costs nothing on a successful attempt.
+CREATE INDEX IF NOT EXISTS txhook_attempts_endpoint_failed
+    ON txhook_attempts (endpoint_id, started_at) WHERE error <> '';
