@@ -1,97 +1,104 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"time"
 
 	"github.com/txhook/txhook/outbox"
 )
 
-// noopReceiver answers 204 to everything after reading the body.
-func noopReceiver() (url string, count *atomic.Int64, stop func(), err error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, nil, err
-	}
-	var n atomic.Int64
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		n.Add(1)
-		w.WriteHeader(http.StatusNoContent)
-	})}
-	go srv.Serve(ln)
-	return "http://" + ln.Addr().String() + "/hook", &n, func() { srv.Close() }, nil
-}
+// drainTargets are the targets for the PostgreSQL drain, by
+// concurrency.
+var drainTargets = map[int]float64{16: 7000, 100: 12000}
 
-// bareLoop POSTs total requests from conc goroutines, the baseline for
-// drain: the cost of the HTTP alone.
-func bareLoop(url string, conc, total int, body []byte) (float64, error) {
-	tr := &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: 0, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	var next atomic.Int64
-	var firstErr error
-	var once sync.Once
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(total) {
-				req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-				req.Header.Set("Content-Type", "application/json")
-				resp, err := c.Do(req)
-				if err != nil {
-					once.Do(func() { firstErr = err })
-					return
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
-	}
-	wg.Wait()
-	return float64(total) / time.Since(start).Seconds(), firstErr
-}
-
-// fillBacklog enqueues n events for tenant in transactions of 500.
-func fillBacklog(ctx context.Context, db *sql.DB, ob *outbox.Outbox, tenant string, n int) error {
-	for i := 0; i < n; i += 500 {
-		tx, err := db.BeginTx(ctx, nil)
+// partDrain delivers a backlog to the local receiver at each concurrency,
+// against the bare POST loop at the same concurrency, alternating rounds.
+func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver) error {
+	var detail strings.Builder
+	for _, conc := range cfg.DrainConc {
+		bare, relay, err := drainRounds(ctx, cfg.DrainRounds, conc, cfg.DrainEvents, p, "postgres", rcv,
+			func() (float64, error) { return pgDrain(ctx, cfg.DSN, rcv.URL, conc, cfg.DrainEvents) })
 		if err != nil {
 			return err
 		}
-		for k := i; k < min(n, i+500); k++ {
-			if _, err := ob.Enqueue(ctx, tx, outbox.Event{Tenant: tenant, Type: "payment.succeeded", Payload: benchPayload}); err != nil {
-				tx.Rollback()
-				return err
-			}
+		r := row{
+			Part:     fmt.Sprintf("drain, PostgreSQL (pgx), %d in flight, %s backlog (deliveries/s)", conc, commas(int64(cfg.DrainEvents))),
+			Value:    rate(median(relay)),
+			Baseline: rate(median(bare)) + " (bare POST loop)",
+			Ratio:    ratio(median(relay) / median(bare)),
 		}
-		if err := tx.Commit(); err != nil {
-			return err
+		if t, ok := drainTargets[conc]; ok {
+			r.Target = "≥ " + rate(t) + "/s"
+			r.Verdict = verdict(median(relay) >= t)
 		}
+		rep.add(r)
+		fmt.Fprintf(&detail, "%d in flight, %d rounds\n  bare   /s: %s\n  txhook /s: %s\n", conc, len(relay), rates(bare), rates(relay))
 	}
+	rep.section("Drain rounds (PostgreSQL)", detail.String())
 	return nil
 }
 
-// benchDrain delivers a backlog of n events at concurrency conc and
-// returns deliveries per second, counted when their outcome is written.
-func benchDrain(ctx context.Context, db *sql.DB, ob *outbox.Outbox, url string, conc, n int) (float64, error) {
-	tenant := fmt.Sprintf("drain_%d_%d", conc, time.Now().UnixNano())
+// drainRounds alternates the bare loop and relayDrain, rounds times each.
+func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, label string, rcv *receiver, relayDrain func() (float64, error)) (bare, relay []float64, err error) {
+	// Warm the receiver and the loopback path.
+	if _, err := bareLoop(rcv.URL, conc, min(events, 2000)); err != nil {
+		return nil, nil, err
+	}
+	for round := range rounds {
+		var b, r float64
+		first, second := func() error { var err error; b, err = bareLoop(rcv.URL, conc, events); return err },
+			func() error { var err error; r, err = relayDrain(); return err }
+		if round%2 == 1 {
+			first, second = second, first
+		}
+		if err := first(); err != nil {
+			return nil, nil, err
+		}
+		if err := second(); err != nil {
+			return nil, nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		bare, relay = append(bare, b), append(relay, r)
+		p.logf("drain %s %d in flight round %d/%d: bare %s/s, txhook %s/s (%.2f×)", label, conc, round+1, rounds, rate(b), rate(r), r/b)
+	}
+	return bare, relay, nil
+}
+
+// pgDrain fills a fresh schema with n events for one endpoint at url, then
+// starts a relay with conc requests in flight and returns deliveries per
+// second from Start until the last outcome is written.
+func pgDrain(ctx context.Context, dsn, url string, conc, n int) (float64, error) {
+	s, err := newSchema(ctx, dsn, "pgx", 16, localOutbox())
+	if err != nil {
+		return 0, err
+	}
+	defer s.drop()
+	return drainBacklog(ctx, s.db, s.ob, url, conc, n, true)
+}
+
+// drainBacklog enqueues n events for a new endpoint at url and times a
+// relay (conc in flight, to that endpoint too; other settings default)
+// delivering them, until Stats().Succeeded, which counts outcomes written
+// back, reaches n.
+func drainBacklog(ctx context.Context, db *sql.DB, ob *outbox.Outbox, url string, conc, n int, analyze bool) (float64, error) {
+	tenant := "drain"
 	if _, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: url}); err != nil {
 		return 0, err
 	}
-	if err := fillBacklog(ctx, db, ob, tenant, n); err != nil {
+	if err := fillByEnqueue(ctx, db, ob, tenant, n); err != nil {
 		return 0, err
+	}
+	if analyze {
+		// The server may run with autovacuum off; a real outbox has
+		// statistics.
+		if _, err := db.ExecContext(ctx, "ANALYZE"); err != nil {
+			return 0, err
+		}
 	}
 	r, err := ob.NewRelay(outbox.RelayConfig{Concurrency: conc, EndpointConcurrency: conc})
 	if err != nil {
@@ -101,17 +108,23 @@ func benchDrain(ctx context.Context, db *sql.DB, ob *outbox.Outbox, url string, 
 	if err := r.Start(ctx); err != nil {
 		return 0, err
 	}
+	deadline := start.Add(time.Duration(n)*time.Millisecond + time.Minute)
 	for r.Stats().Succeeded < uint64(n) {
-		time.Sleep(2 * time.Millisecond)
-		if time.Since(start) > 5*time.Minute {
-			return 0, fmt.Errorf("drain: only %d of %d after 5 minutes", r.Stats().Succeeded, n)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			st := r.Stats()
+			r.Stop(context.Background())
+			return 0, fmt.Errorf("drain: %d of %d delivered before giving up (stats %+v)", st.Succeeded, n, st)
 		}
+		time.Sleep(time.Millisecond)
 	}
 	el := time.Since(start)
-	stop, cancel := context.WithTimeout(ctx, 30*time.Second)
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := r.Stop(stop); err != nil {
+	if err := r.Stop(stopCtx); err != nil {
 		return 0, err
+	}
+	if st := r.Stats(); st.Failed+st.DeadLettered > 0 {
+		return 0, fmt.Errorf("drain: failed attempts against a no-op receiver: %+v", st)
 	}
 	return float64(n) / el.Seconds(), nil
 }

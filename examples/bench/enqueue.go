@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,19 +12,27 @@ import (
 	"github.com/txhook/txhook/outbox"
 )
 
-// enqueueResult is one enqueue measurement.
-type enqueueResult struct {
-	driver           string
-	enqueue, plain   float64 // transactions per second
-	enqueueN, plainN int64
+const paymentsDDL = `CREATE TABLE IF NOT EXISTS bench_payments (
+    id bigserial PRIMARY KEY, merchant text NOT NULL, amount bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now())`
+
+// plainOutboxDDL is the baseline's outbox: what a team writes by hand, one
+// row per event with a serial key.
+const plainOutboxDDL = `CREATE TABLE IF NOT EXISTS bench_plain_outbox (
+    id bigserial PRIMARY KEY, tenant text NOT NULL, type text NOT NULL, payload json NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now())`
+
+const (
+	insertPayment = `INSERT INTO bench_payments (merchant, amount) VALUES ($1, $2)`
+	insertPlain   = `INSERT INTO bench_plain_outbox (tenant, type, payload) VALUES ($1, $2, $3)`
+)
+
+func driverName(d string) string {
+	if d == "postgres" {
+		return "lib/pq"
+	}
+	return d
 }
-
-const paymentsDDL = `CREATE TABLE IF NOT EXISTS bench_payments (id bigserial PRIMARY KEY, merchant text NOT NULL, amount bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`
-
-// plainOutboxDDL is the baseline's outbox: one row per event, nothing else.
-const plainOutboxDDL = `CREATE TABLE IF NOT EXISTS bench_plain_outbox (id bigserial PRIMARY KEY, tenant text NOT NULL, type text NOT NULL, payload json NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`
-
-var benchPayload = []byte(`{"payment_id":"pay_0123456789","amount":1200,"currency":"usd","customer":"cus_42","status":"succeeded"}`)
 
 // runTxLoop runs fn in transactions from conns goroutines for d and
 // returns the number committed.
@@ -33,12 +42,11 @@ func runTxLoop(ctx context.Context, db *sql.DB, conns int, d time.Duration, fn f
 	var once sync.Once
 	deadline := time.Now().Add(d)
 	var wg sync.WaitGroup
-	for range conns {
+	for g := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(deadline) {
-				i := n.Load()
+			for i := int64(g) << 32; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
 				tx, err := db.BeginTx(ctx, nil)
 				if err == nil {
 					if err = fn(tx, i); err == nil {
@@ -56,54 +64,101 @@ func runTxLoop(ctx context.Context, db *sql.DB, conns int, d time.Duration, fn f
 		}()
 	}
 	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
 	return n.Load(), firstErr
 }
 
-// benchEnqueue measures business transactions {INSERT payment; Enqueue}
-// against {INSERT payment; one plain INSERT of the same payload}, on one
-// pool of conns connections, alternating rounds so both see the same load.
-func benchEnqueue(ctx context.Context, db *sql.DB, ob *outbox.Outbox, driver string, conns int, d time.Duration, rounds int) (enqueueResult, error) {
-	for _, q := range []string{paymentsDDL, plainOutboxDDL} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			return enqueueResult{}, err
-		}
-	}
-	if _, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "merchant_bench", URL: "https://93.184.216.34/hook", EventTypes: []string{"payment.*"}}); err != nil {
-		return enqueueResult{}, err
-	}
-	ins := `INSERT INTO bench_payments (merchant, amount) VALUES ($1, $2)`
-	plain := func(tx *sql.Tx, i int64) error {
-		if _, err := tx.ExecContext(ctx, ins, "merchant_bench", i); err != nil {
+// partEnqueue measures business transactions {INSERT payment; Enqueue}
+// against {INSERT payment; one plain INSERT of the same payload} on the
+// same pool, in alternating rounds (ABBA order), per driver.
+func partEnqueue(ctx context.Context, cfg config, rep *report, p *progress) error {
+	var detail strings.Builder
+	for _, driver := range cfg.EnqueueDrivers {
+		s, err := newSchema(ctx, cfg.DSN, driver, cfg.EnqueueConns, outbox.Config{})
+		if err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO bench_plain_outbox (tenant, type, payload) VALUES ($1, $2, $3)`, "merchant_bench", "payment.succeeded", string(benchPayload))
+		plainRates, enqRates, ratios, err := enqueueRounds(ctx, cfg, s, p, driver)
+		s.drop()
+		if err != nil {
+			return fmt.Errorf("%s: %w", driverName(driver), err)
+		}
+		r := median(ratios)
+		rep.add(row{
+			Part:     fmt.Sprintf("Enqueue, %s, %d connections (tx/s)", driverName(driver), cfg.EnqueueConns),
+			Value:    rate(median(enqRates)),
+			Baseline: rate(median(plainRates)) + " (plain INSERT)",
+			Ratio:    ratio(r),
+			Target:   "≥ 0.85×",
+			Verdict:  verdict(r >= 0.85),
+		})
+		fmt.Fprintf(&detail, "%s: %d rounds of %s per arm\n  plain   tx/s: %s\n  enqueue tx/s: %s\n  ratio:        ",
+			driverName(driver), len(ratios), cfg.EnqueueRound, rates(plainRates), rates(enqRates))
+		for _, x := range ratios {
+			fmt.Fprintf(&detail, "%.2f ", x)
+		}
+		detail.WriteString("\n")
+	}
+	rep.section("Enqueue rounds", detail.String())
+	return nil
+}
+
+func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, driver string) (plainRates, enqRates, ratios []float64, err error) {
+	for _, q := range []string{paymentsDDL, plainOutboxDDL} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	tenant := "merchant_bench"
+	plain := func(tx *sql.Tx, i int64) error {
+		if _, err := tx.ExecContext(ctx, insertPayment, tenant, i); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, insertPlain, tenant, "payment.succeeded", string(benchPayload))
 		return err
 	}
 	enq := func(tx *sql.Tx, i int64) error {
-		if _, err := tx.ExecContext(ctx, ins, "merchant_bench", i); err != nil {
+		if _, err := tx.ExecContext(ctx, insertPayment, tenant, i); err != nil {
 			return err
 		}
-		_, err := ob.Enqueue(ctx, tx, outbox.Event{Tenant: "merchant_bench", Type: "payment.succeeded", Payload: benchPayload})
+		_, err := s.ob.Enqueue(ctx, tx, outbox.Event{Tenant: tenant, Type: "payment.succeeded", Payload: benchPayload})
 		return err
 	}
-	var r enqueueResult
-	r.driver = driver
-	var te, tp time.Duration
-	for range rounds {
-		n, err := runTxLoop(ctx, db, conns, d, plain)
+	arm := func(name string, fn func(*sql.Tx, int64) error, d time.Duration) (float64, error) {
+		n, err := runTxLoop(ctx, s.db, cfg.EnqueueConns, d, fn)
 		if err != nil {
-			return r, fmt.Errorf("plain: %w", err)
+			return 0, fmt.Errorf("%s: %w", name, err)
 		}
-		r.plainN += n
-		tp += d
-		n, err = runTxLoop(ctx, db, conns, d, enq)
-		if err != nil {
-			return r, fmt.Errorf("enqueue: %w", err)
-		}
-		r.enqueueN += n
-		te += d
+		return float64(n) / d.Seconds(), nil
 	}
-	r.enqueue = float64(r.enqueueN) / te.Seconds()
-	r.plain = float64(r.plainN) / tp.Seconds()
-	return r, nil
+	// Warm-up: connections, prepared statements, caches.
+	warm := max(cfg.EnqueueRound/3, 200*time.Millisecond)
+	if _, err := arm("plain", plain, warm); err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err := arm("enqueue", enq, warm); err != nil {
+		return nil, nil, nil, err
+	}
+	for round := range cfg.EnqueueRounds {
+		var pr, er float64
+		var err error
+		if round%2 == 0 {
+			if pr, err = arm("plain", plain, cfg.EnqueueRound); err == nil {
+				er, err = arm("enqueue", enq, cfg.EnqueueRound)
+			}
+		} else {
+			if er, err = arm("enqueue", enq, cfg.EnqueueRound); err == nil {
+				pr, err = arm("plain", plain, cfg.EnqueueRound)
+			}
+		}
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		plainRates, enqRates, ratios = append(plainRates, pr), append(enqRates, er), append(ratios, er/pr)
+		p.logf("enqueue %s round %d/%d: plain %s tx/s, enqueue %s tx/s, ratio %.2f",
+			driverName(driver), round+1, cfg.EnqueueRounds, rate(pr), rate(er), er/pr)
+	}
+	return plainRates, enqRates, ratios, nil
 }

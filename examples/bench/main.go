@@ -1,121 +1,305 @@
-// Command bench measures txhook against baselines run in the same process,
-// on PostgreSQL and SQLite, and writes docs/BENCHMARKS.md.
+// Command bench measures txhook against baselines run in the same process
+// and the same run, on PostgreSQL and SQLite, prints a table and writes
+// docs/BENCHMARKS.md.
 //
-//	TXHOOK_BENCH_POSTGRES_DSN=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go run ./examples/bench
+//	TXHOOK_BENCH_POSTGRES_DSN='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
+//	    go run ./examples/bench
+//
+// Parts (all by default; -only takes a comma-separated list):
+//
+//   - enqueue: transactions {INSERT payment; Enqueue} against {INSERT
+//     payment; one plain INSERT of the same payload}, 16 connections, lib/pq
+//     and pgx, alternating rounds.
+//   - drain: a backlog delivered to a local no-op receiver at 16 and 100
+//     requests in flight, against a bare HTTP POST loop at the same
+//     concurrency, alternating rounds.
+//   - latency: commit-to-receipt percentiles under an open-loop generator at
+//     fixed rates, default relay settings.
+//   - backlog: one claim batch (the dispatch statement and the retry claim
+//     statement) with a small and a large backlog, and the peak RSS of a
+//     separate relay process draining the large one.
+//   - sqlite: the drain on SQLite.
+//   - signer: signing and verification micro-benchmarks.
+//
+// PostgreSQL parts are skipped when TXHOOK_BENCH_POSTGRES_DSN is unset.
+// Each part works in schemas (or files) of its own and drops them after.
 package main
 
 import (
 	"context"
-	"database/sql"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
+	"net/url"
 	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
 	_ "github.com/mattn/go-sqlite3"
-
-	"github.com/txhook/txhook/outbox"
 )
 
-func main() {
-	only := flag.String("only", "", "run one part: enqueue, drain, latency, backlog, sqlite")
-	dur := flag.Duration("d", 5*time.Second, "duration of each enqueue round")
-	flag.DurationVar(&notifyInterval, "notify", 0, "Config.NotifyInterval")
-	flag.Parse()
-	ctx := context.Background()
-	dsn := os.Getenv("TXHOOK_BENCH_POSTGRES_DSN")
-	if *only == "" || *only == "enqueue" {
-		for _, driver := range []string{"postgres", "pgx"} {
-			db, ob, cleanup, err := freshPostgres(ctx, driver, dsn, 16)
-			if err != nil {
-				fail(err)
-			}
-			r, err := benchEnqueue(ctx, db, ob, driver, 16, *dur, 3)
-			cleanup()
-			if err != nil {
-				fail(err)
-			}
-			fmt.Printf("enqueue %-8s plain %7.0f tx/s  enqueue %7.0f tx/s  ratio %.2f\n", driver, r.plain, r.enqueue, r.enqueue/r.plain)
-		}
-	}
-	if *only == "" || *only == "drain" {
-		url, _, stop, err := noopReceiver()
-		if err != nil {
-			fail(err)
-		}
-		defer stop()
-		envelope := append(append([]byte(`{"id":"01JD0000000000000000000000","type":"payment.succeeded","timestamp":"2026-11-30T12:00:00.000000Z","data":`), benchPayload...), '}')
-		for _, conc := range []int{16, 100} {
-			db, _, cleanup, err := freshPostgres(ctx, "pgx", dsn, conc)
-			if err != nil {
-				fail(err)
-			}
-			ob2, _ := outbox.New(ctx, db, outbox.Config{Logger: quiet(), AllowHTTP: true, AllowPrivateTargets: true})
-			bare, err := bareLoop(url, conc, 20000, envelope)
-			if err != nil {
-				fail(err)
-			}
-			rate, err := benchDrain(ctx, db, ob2, url, conc, 20000)
-			cleanup()
-			if err != nil {
-				fail(err)
-			}
-			fmt.Printf("drain   %3d in flight: bare %7.0f/s  txhook %7.0f/s  ratio %.2f\n", conc, bare, rate, rate/bare)
-		}
+// EnvDSN names the environment variable with the PostgreSQL DSN.
+const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
+
+// allParts lists the parts in the order they run.
+var allParts = []string{"enqueue", "drain", "latency", "backlog", "sqlite", "signer"}
+
+// config holds every knob of a run; defaults are the published settings.
+type config struct {
+	DSN   string
+	Parts []string
+
+	EnqueueConns   int
+	EnqueueRound   time.Duration
+	EnqueueRounds  int
+	EnqueueDrivers []string
+
+	DrainEvents int
+	DrainConc   []int
+	DrainRounds int
+
+	LatencyRates  []int
+	LatencyWarmup time.Duration
+	LatencyDur    time.Duration
+
+	BacklogSmall int
+	BacklogLarge int
+	ClaimSamples int
+	RSSEvents    int // events the separate relay process drains; 0 skips the RSS measure
+	RSSTimeout   time.Duration
+
+	SQLiteEvents int
+	SQLiteConc   int
+	SQLiteRounds int
+
+	SignerBenchtime time.Duration
+}
+
+func defaultConfig() config {
+	return config{
+		Parts:           allParts,
+		EnqueueConns:    16,
+		EnqueueRound:    3 * time.Second,
+		EnqueueRounds:   6,
+		EnqueueDrivers:  []string{"postgres", "pgx"},
+		DrainEvents:     20000,
+		DrainConc:       []int{16, 100},
+		DrainRounds:     3,
+		LatencyRates:    []int{500, 2000},
+		LatencyWarmup:   3 * time.Second,
+		LatencyDur:      15 * time.Second,
+		BacklogSmall:    10000,
+		BacklogLarge:    1000000,
+		ClaimSamples:    25,
+		RSSEvents:       1000000,
+		RSSTimeout:      6 * time.Minute,
+		SQLiteEvents:    20000,
+		SQLiteConc:      16,
+		SQLiteRounds:    3,
+		SignerBenchtime: time.Second,
 	}
 }
 
-var notifyInterval time.Duration
+func (c config) has(part string) bool {
+	for _, p := range c.Parts {
+		if p == part {
+			return true
+		}
+	}
+	return false
+}
+
+func main() {
+	if os.Getenv(envChild) != "" {
+		os.Exit(relayChild())
+	}
+	cfg := defaultConfig()
+	only := flag.String("only", "", "comma-separated parts to run: "+strings.Join(allParts, ", ")+" (default all)")
+	out := flag.String("out", "docs/BENCHMARKS.md", "markdown report to write (\"\" for none); with -only, written only when given explicitly")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.IntVar(&cfg.EnqueueConns, "enqueue-conns", cfg.EnqueueConns, "enqueue: connections (and goroutines)")
+	flag.DurationVar(&cfg.EnqueueRound, "enqueue-round", cfg.EnqueueRound, "enqueue: duration of one round of one arm")
+	flag.IntVar(&cfg.EnqueueRounds, "enqueue-rounds", cfg.EnqueueRounds, "enqueue: rounds per arm (alternating)")
+	drivers := flag.String("enqueue-drivers", strings.Join(cfg.EnqueueDrivers, ","), "enqueue: database/sql drivers")
+	flag.IntVar(&cfg.DrainEvents, "drain-events", cfg.DrainEvents, "drain: backlog size")
+	drainConc := flag.String("drain-conc", joinInts(cfg.DrainConc), "drain: requests in flight, comma-separated")
+	flag.IntVar(&cfg.DrainRounds, "drain-rounds", cfg.DrainRounds, "drain: rounds per concurrency (alternating with the bare loop)")
+	rates := flag.String("latency-rates", joinInts(cfg.LatencyRates), "latency: events per second, comma-separated")
+	flag.DurationVar(&cfg.LatencyWarmup, "latency-warmup", cfg.LatencyWarmup, "latency: warm-up before measuring")
+	flag.DurationVar(&cfg.LatencyDur, "latency-dur", cfg.LatencyDur, "latency: measured duration per rate")
+	flag.IntVar(&cfg.BacklogSmall, "backlog-small", cfg.BacklogSmall, "backlog: small backlog size")
+	flag.IntVar(&cfg.BacklogLarge, "backlog-large", cfg.BacklogLarge, "backlog: large backlog size")
+	flag.IntVar(&cfg.ClaimSamples, "claim-samples", cfg.ClaimSamples, "backlog: timed claim batches per statement and size")
+	flag.IntVar(&cfg.RSSEvents, "rss-events", cfg.RSSEvents, "backlog: events the separate relay drains while its RSS is sampled (0: skip)")
+	flag.DurationVar(&cfg.RSSTimeout, "rss-timeout", cfg.RSSTimeout, "backlog: longest the RSS drain may run")
+	flag.IntVar(&cfg.SQLiteEvents, "sqlite-events", cfg.SQLiteEvents, "sqlite: backlog size")
+	flag.IntVar(&cfg.SQLiteConc, "sqlite-conc", cfg.SQLiteConc, "sqlite: requests in flight")
+	flag.IntVar(&cfg.SQLiteRounds, "sqlite-rounds", cfg.SQLiteRounds, "sqlite: rounds (alternating with the bare loop)")
+	flag.DurationVar(&cfg.SignerBenchtime, "signer-benchtime", cfg.SignerBenchtime, "signer: time per micro-benchmark")
+	flag.Parse()
+
+	var err error
+	cfg.DSN = os.Getenv(EnvDSN)
+	cfg.EnqueueDrivers = splitList(*drivers)
+	if cfg.DrainConc, err = parseInts(*drainConc); err != nil {
+		fail(fmt.Errorf("-drain-conc: %w", err))
+	}
+	if cfg.LatencyRates, err = parseInts(*rates); err != nil {
+		fail(fmt.Errorf("-latency-rates: %w", err))
+	}
+	outSet := false
+	flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
+	if *only != "" {
+		cfg.Parts = splitList(*only)
+		for _, p := range cfg.Parts {
+			if !contains(allParts, p) {
+				fail(fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(allParts, ", ")))
+			}
+		}
+		if !outSet {
+			*out = ""
+		}
+	}
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, cfg, os.Stderr)
+	if rep != nil {
+		rep.command = commandLine()
+		fmt.Println()
+		fmt.Print(rep.text())
+		if *out != "" {
+			if werr := rep.writeMarkdown(*out); werr != nil {
+				fmt.Fprintln(os.Stderr, "bench: writing", *out+":", werr)
+			} else {
+				fmt.Fprintln(os.Stderr, "bench: wrote", *out)
+			}
+		}
+	}
+	if err != nil {
+		pprof.StopCPUProfile()
+		fail(err)
+	}
+}
+
+// run runs the parts cfg names and returns what they measured. On an error
+// the report holds the parts that finished.
+func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
+	p := newProgress(progress)
+	rep := newReport(ctx, cfg)
+	if cfg.DSN == "" {
+		rep.note("PostgreSQL parts skipped: %s is not set.", EnvDSN)
+	}
+	rcv, err := startReceiver()
+	if err != nil {
+		return rep, err
+	}
+	defer rcv.close()
+	pg := cfg.DSN != ""
+	steps := []struct {
+		part string
+		pg   bool
+		fn   func() error
+	}{
+		{"enqueue", true, func() error { return partEnqueue(ctx, cfg, rep, p) }},
+		{"drain", true, func() error { return partDrain(ctx, cfg, rep, p, rcv) }},
+		{"latency", true, func() error { return partLatency(ctx, cfg, rep, p, rcv) }},
+		{"backlog", true, func() error { return partBacklog(ctx, cfg, rep, p, rcv) }},
+		{"sqlite", false, func() error { return partSQLite(ctx, cfg, rep, p, rcv) }},
+		{"signer", false, func() error { return partSigner(cfg, rep, p) }},
+	}
+	for _, s := range steps {
+		if !cfg.has(s.part) || (s.pg && !pg) {
+			continue
+		}
+		p.logf("== %s", s.part)
+		start := time.Now()
+		if err := s.fn(); err != nil {
+			return rep, fmt.Errorf("%s: %w", s.part, err)
+		}
+		p.logf("== %s done in %s", s.part, time.Since(start).Round(100*time.Millisecond))
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
 
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench:", err)
 	os.Exit(1)
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func commandLine() string {
+	args := []string{"go run ./examples/bench"}
+	for _, a := range os.Args[1:] {
+		if strings.ContainsAny(a, " '\"$") {
+			a = strconv.Quote(a)
+		}
+		args = append(args, a)
+	}
+	dsn := os.Getenv(EnvDSN)
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		dsn = u.Redacted()
+	}
+	if dsn == "" {
+		return strings.Join(args, " ")
+	}
+	return EnvDSN + "='" + dsn + "' " + strings.Join(args, " ")
+}
 
-// freshPostgres returns a pool on a new schema, migrated.
-func freshPostgres(ctx context.Context, driver, dsn string, conns int) (*sql.DB, *outbox.Outbox, func(), error) {
-	admin, err := sql.Open("pgx", dsn)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	schema := fmt.Sprintf("txhook_bench_%d", time.Now().UnixNano())
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return nil, nil, nil, err
-	}
-	sep := "?"
-	for _, c := range dsn {
-		if c == '?' {
-			sep = "&"
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
 		}
 	}
-	db, err := sql.Open(driver, dsn+sep+"search_path="+schema)
-	if err != nil {
-		return nil, nil, nil, err
+	return out
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
 	}
-	db.SetMaxOpenConns(conns + 4)
-	db.SetMaxIdleConns(conns + 4)
-	cfg := outbox.Config{Logger: quiet(), NotifyInterval: notifyInterval}
-	if driver == "postgres" {
-		cfg.ListenDSN = dsn + sep + "search_path=" + schema
+	return out, nil
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
 	}
-	ob, err := outbox.New(ctx, db, cfg)
-	if err != nil {
-		return nil, nil, nil, err
+	return strings.Join(s, ",")
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
 	}
-	if err := ob.Migrate(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	cleanup := func() {
-		ob.Close()
-		db.Close()
-		admin.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		admin.Close()
-	}
-	return db, ob, cleanup, nil
+	return false
 }

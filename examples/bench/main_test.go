@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the backlog part start this test binary as its relay
+// process.
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		os.Exit(relayChild())
+	}
+	os.Exit(m.Run())
+}
+
+// tinyConfig runs every part at a size that only proves it works.
+func tinyConfig() config {
+	return config{
+		DSN:             os.Getenv("TXHOOK_TEST_POSTGRES_DSN"),
+		EnqueueConns:    4,
+		EnqueueRound:    150 * time.Millisecond,
+		EnqueueRounds:   2,
+		EnqueueDrivers:  []string{"postgres", "pgx"},
+		DrainEvents:     300,
+		DrainConc:       []int{16, 100},
+		DrainRounds:     1,
+		LatencyRates:    []int{200},
+		LatencyWarmup:   200 * time.Millisecond,
+		LatencyDur:      500 * time.Millisecond,
+		BacklogSmall:    800,
+		BacklogLarge:    2000,
+		ClaimSamples:    3,
+		RSSEvents:       300,
+		RSSTimeout:      20 * time.Second,
+		SQLiteEvents:    300,
+		SQLiteConc:      16,
+		SQLiteRounds:    1,
+		SignerBenchtime: 5 * time.Millisecond,
+	}
+}
+
+// TestPartsSmoke runs each part at a tiny size so the program cannot rot:
+// SQLite and the signer always, the PostgreSQL parts when
+// TXHOOK_TEST_POSTGRES_DSN is set. The figures mean nothing.
+func TestPartsSmoke(t *testing.T) {
+	want := map[string][]string{
+		"enqueue": {"Enqueue, lib/pq", "Enqueue, pgx"},
+		"drain":   {"drain, PostgreSQL (pgx), 16 in flight", "drain, PostgreSQL (pgx), 100 in flight"},
+		"latency": {"latency at 200 events/s"},
+		"backlog": {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog"},
+		"sqlite":  {"drain, SQLite"},
+		"signer":  {},
+	}
+	for _, part := range allParts {
+		t.Run(part, func(t *testing.T) {
+			cfg := tinyConfig()
+			if cfg.DSN == "" && part != "sqlite" && part != "signer" {
+				t.Skip("PostgreSQL part skipped: set TXHOOK_TEST_POSTGRES_DSN to run it")
+			}
+			cfg.Parts = []string{part}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			rep, err := run(ctx, cfg, t.Output())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range want[part] {
+				found := false
+				for _, r := range rep.rows {
+					if strings.Contains(r.Part, w) {
+						found = true
+						if r.Value == "" || strings.HasPrefix(r.Value, "0 ") || r.Value == "0" {
+							t.Errorf("row %q has no figure: %+v", r.Part, r)
+						}
+					}
+				}
+				if !found {
+					t.Errorf("no row matching %q in:\n%s", w, rep.text())
+				}
+			}
+			if part == "signer" && (len(rep.sections) != 1 || !strings.Contains(rep.sections[0].Body, "VerifyStandard/ed25519")) {
+				t.Errorf("signer section missing:\n%s", rep.text())
+			}
+		})
+	}
+}
+
+// TestMarkdownKeepsAnalysis checks that regenerating the report replaces
+// only the text between the markers.
+func TestMarkdownKeepsAnalysis(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	rep := &report{started: time.Now(), command: "go run ./examples/bench", machine: []string{"CPU: test"}}
+	rep.add(row{Part: "first", Value: "1"})
+	if err := rep.writeMarkdown(path); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	edited := strings.Replace(string(b), endMarker, endMarker+"\n\n## Analysis\n\nhand-written", 1)
+	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep.rows = []row{{Part: "second", Value: "2"}}
+	if err := rep.writeMarkdown(path); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(path)
+	s := string(b)
+	if !strings.Contains(s, "hand-written") || !strings.Contains(s, "| second | 2 |") || strings.Contains(s, "| first |") ||
+		!strings.HasPrefix(s, "# Benchmarks") {
+		t.Errorf("regenerated file:\n%s", s)
+	}
+}
