@@ -1,0 +1,321 @@
+package dlq
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/txhook/txhook/internal/link"
+	"github.com/txhook/txhook/outbox"
+)
+
+// UIConfig configures the operations UI. Authorize is required.
+type UIConfig struct {
+	// Authorize reports whether a request may use the UI. Every request
+	// (page, form post or stylesheet) for which it returns false is refused
+	// with 403 before anything is read. The UI can replay and purge dead
+	// letters, disable endpoints, rotate and reveal signing secrets: check
+	// the operator's session and role here. Actions are the POST requests;
+	// revealing secrets is a POST to a path ending in "/reveal", should
+	// only some operators be allowed to.
+	Authorize func(*http.Request) bool
+
+	// Prefix is the URL path the UI is served under, such as
+	// "/admin/webhooks/"; links and redirects use it. Mount the handler
+	// there as it is (it strips Prefix itself) or behind http.StripPrefix.
+	// Default "/".
+	Prefix string
+
+	// CSRFKey keys the HMAC that ties each form's token to the browser's
+	// CSRF cookie; at least 32 bytes. Default: random for each NewUI, so
+	// forms rendered before a restart are refused after it (reload the
+	// page). Give every instance behind one load balancer the same key.
+	CSRFKey []byte
+
+	// HealthWindow is the window of the health figures. Default
+	// outbox.DefaultHealthWindow.
+	HealthWindow time.Duration
+
+	// PageSize is how many rows a page lists. Default 50, at most 500.
+	PageSize int
+}
+
+//go:embed templates/*.html static/*
+var uiFS embed.FS
+
+// NewUI returns the operations UI of ob as an http.Handler: server-rendered
+// pages, no JavaScript, nothing loaded from elsewhere. It lists endpoints
+// with their health, shows an endpoint's recent deliveries and attempts,
+// finds the deliveries of an event ID, lists dead letters by tenant,
+// endpoint, event type and time, and replays or purges one, a selection, or
+// all that match. It enables and disables endpoints and rotates their
+// secrets, which it shows masked unless an operator asks to reveal them.
+//
+// Every request must pass cfg.Authorize. Every POST must carry the CSRF
+// token of its form (a double-submit cookie checked with an HMAC) and pass
+// net/http's cross-origin protection, or it is refused with 403; GET never
+// changes anything. Responses forbid framing, caching, inline scripts and
+// referrers.
+func NewUI(ob *outbox.Outbox, cfg UIConfig) (http.Handler, error) {
+	if ob == nil {
+		return nil, errors.New("txhook: dlq.NewUI: nil outbox")
+	}
+	if cfg.Authorize == nil {
+		return nil, errors.New("txhook: dlq.NewUI: UIConfig.Authorize is required (there is no default open access)")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/"
+	}
+	if !strings.HasPrefix(cfg.Prefix, "/") {
+		cfg.Prefix = "/" + cfg.Prefix
+	}
+	if !strings.HasSuffix(cfg.Prefix, "/") {
+		cfg.Prefix += "/"
+	}
+	if strings.ContainsAny(cfg.Prefix, "?#\"'<> ") {
+		return nil, fmt.Errorf("txhook: dlq.NewUI: invalid Prefix %q", cfg.Prefix)
+	}
+	if cfg.CSRFKey == nil {
+		cfg.CSRFKey = make([]byte, 32)
+		if _, err := rand.Read(cfg.CSRFKey); err != nil {
+			return nil, err
+		}
+	} else if len(cfg.CSRFKey) < 32 {
+		return nil, errors.New("txhook: dlq.NewUI: CSRFKey must be at least 32 bytes")
+	}
+	if cfg.HealthWindow <= 0 {
+		cfg.HealthWindow = outbox.DefaultHealthWindow
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 50
+	}
+	cfg.PageSize = min(cfg.PageSize, 500)
+
+	u := &ui{ob: ob, q: New(ob), in: link.Outbox(ob), cfg: cfg, cop: http.NewCrossOriginProtection()}
+	u.log = u.in.Logger
+	if err := u.parse(); err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(uiFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	m := http.NewServeMux()
+	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, u.cfg.Prefix+"endpoints", http.StatusFound)
+	})
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /endpoints", u.endpoints)
+	m.HandleFunc("GET /endpoints/{id}", u.endpoint)
+	m.HandleFunc("POST /endpoints/{id}/enable", u.enable)
+	m.HandleFunc("POST /endpoints/{id}/disable", u.disable)
+	m.HandleFunc("POST /endpoints/{id}/rotate", u.rotate)
+	m.HandleFunc("POST /endpoints/{id}/reveal", u.reveal)
+	m.HandleFunc("GET /deliveries", u.search)
+	m.HandleFunc("GET /dead", u.deadList)
+	m.HandleFunc("GET /dead/{id}", u.deadDetail)
+	m.HandleFunc("POST /dead/action", u.deadAction)
+	m.HandleFunc("POST /dead/replay-all", u.deadAll)
+	m.HandleFunc("POST /dead/purge-all", u.deadAll)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		u.fail(w, r, http.StatusNotFound, "No such page.")
+	})
+	u.mux = m
+	return u, nil
+}
+
+type ui struct {
+	ob    *outbox.Outbox
+	q     *Queue
+	in    link.Internals
+	log   *slog.Logger
+	cfg   UIConfig
+	cop   *http.CrossOriginProtection
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+}
+
+const (
+	csrfCookie = "txhook_csrf"
+	csrfField  = "csrf"
+	maxForm    = 1 << 20
+)
+
+func (u *ui) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	if !u.cfg.Authorize(r) {
+		http.Error(w, "403 forbidden", http.StatusForbidden)
+		return
+	}
+
+	// Accept the path with the prefix (mounted as is) or without it
+	// (behind http.StripPrefix).
+	p := r.URL.Path
+	switch {
+	case strings.HasPrefix(p, u.cfg.Prefix):
+		p = "/" + p[len(u.cfg.Prefix):]
+	case p+"/" == u.cfg.Prefix:
+		http.Redirect(w, r, u.cfg.Prefix, http.StatusFound)
+		return
+	case !strings.HasPrefix(p, "/"):
+		p = "/" + p
+	}
+	r2 := new(http.Request)
+	*r2 = *r
+	u2 := *r.URL
+	u2.Path, u2.RawPath = p, ""
+	r2.URL = &u2
+
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if err := u.checkCSRF(w, r2); err != nil {
+			u.log.Warn("txhook: ui refused a request", "method", r.Method, "path", r.URL.Path, "reason", err.Error(), "remote", r.RemoteAddr)
+			http.Error(w, "403 forbidden: "+err.Error(), http.StatusForbidden)
+			return
+		}
+	}
+	u.mux.ServeHTTP(w, r2)
+}
+
+// checkCSRF checks a state-changing request: not cross-origin by the
+// browser's own account, and carrying the token of its CSRF cookie.
+func (u *ui) checkCSRF(w http.ResponseWriter, r *http.Request) error {
+	if err := u.cop.Check(r); err != nil {
+		return errors.New("cross-origin request")
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+	if err := r.ParseForm(); err != nil {
+		return errors.New("unreadable form")
+	}
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || !validNonce(c.Value) {
+		return errors.New("missing CSRF cookie; reload the page")
+	}
+	got := r.PostForm.Get(csrfField)
+	if got == "" {
+		return errors.New("missing CSRF token")
+	}
+	if !hmac.Equal([]byte(got), []byte(u.token(c.Value))) {
+		return errors.New("wrong CSRF token; reload the page")
+	}
+	return nil
+}
+
+func validNonce(s string) bool {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	return err == nil && len(b) == 32
+}
+
+func (u *ui) token(nonce string) string {
+	m := hmac.New(sha256.New, u.cfg.CSRFKey)
+	m.Write([]byte("txhook-ui-csrf\x00"))
+	m.Write([]byte(nonce))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// csrf returns the form token for the request's CSRF cookie, setting a new
+// cookie when it has none.
+func (u *ui) csrf(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && validNonce(c.Value) {
+		return u.token(c.Value)
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	nonce := base64.RawURLEncoding.EncodeToString(b)
+	http.SetCookie(w, &http.Cookie{
+		Name: csrfCookie, Value: nonce, Path: u.cfg.Prefix,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+	})
+	return u.token(nonce)
+}
+
+// page is what every template gets.
+type page struct {
+	Title  string
+	Nav    string
+	Prefix string
+	CSRF   string
+	Flash  string
+	Error  bool
+	Now    time.Time
+	Data   any
+}
+
+func (u *ui) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
+	t, ok := u.pages[name]
+	if !ok {
+		panic("txhook: dlq: no template " + name)
+	}
+	p.Prefix, p.Now = u.cfg.Prefix, u.in.Clock.Now().UTC()
+	p.CSRF = u.csrf(w, r)
+	if p.Flash == "" {
+		p.Flash, p.Error = flash(r)
+	}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
+		u.log.Error("txhook: ui template", "page", name, "error", err)
+		http.Error(w, "500 internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (u *ui) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	u.render(w, r, status, "error", page{Title: http.StatusText(status), Flash: msg, Error: true, Data: status})
+}
+
+// internal logs err and answers 500 without showing it.
+func (u *ui) internal(w http.ResponseWriter, r *http.Request, err error) {
+	u.log.Error("txhook: ui", "method", r.Method, "path", r.URL.Path, "error", err)
+	u.fail(w, r, http.StatusInternalServerError, "Something went wrong; the error is in the server log.")
+}
+
+// audit logs an operator's action.
+func (u *ui) audit(r *http.Request, action string, args ...any) {
+	u.log.Info("txhook: ui action", append([]any{"action", action, "remote", r.RemoteAddr}, args...)...)
+}
+
+// redirect answers a POST with 303 to a page of the UI.
+func (u *ui) redirect(w http.ResponseWriter, r *http.Request, rel string) {
+	http.Redirect(w, r, u.cfg.Prefix+rel, http.StatusSeeOther)
+}
+
+func (u *ui) parse() error {
+	funcs := template.FuncMap{
+		"path":    u.path,
+		"time":    fmtTime,
+		"ago":     func(now, t time.Time) string { return ago(now, t) },
+		"dur":     fmtDur,
+		"pct":     func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+		"status":  fmtStatus,
+		"plural":  plural,
+		"healthy": healthClass,
+		"list":    func(v ...any) []any { return v },
+	}
+	u.pages = map[string]*template.Template{}
+	for _, name := range []string{"endpoints", "endpoint", "deliveries", "dead", "deadletter", "error"} {
+		t, err := template.New(name).Funcs(funcs).ParseFS(uiFS, "templates/layout.html", "templates/parts.html", "templates/"+name+".html")
+		if err != nil {
+			return fmt.Errorf("txhook: dlq: templates: %w", err)
+		}
+		u.pages[name] = t
+	}
+	return nil
+}
