@@ -308,6 +308,8 @@ func (u *ui) parse() error {
 		"plural":  plural,
 		"healthy": healthClass,
 		"list":    func(v ...any) []any { return v },
+		"span":    span,
+		"reason":  reason,
 	}
 	u.pages = map[string]*template.Template{}
 	for _, name := range []string{"endpoints", "endpoint", "deliveries", "dead", "deadletter", "error"} {

@@ -50,10 +50,42 @@ func roughly(d time.Duration) string {
 		return fmt.Sprintf("%ds", int(d/time.Second))
 	case d < time.Hour:
 		return fmt.Sprintf("%dm", int(d/time.Minute))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh %dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	case d < 24*time.Hour:
+		h, m := int(d/time.Hour), int(d%time.Hour/time.Minute)
+		if m == 0 {
+			return fmt.Sprintf("%dh", h)
+		}
+		return fmt.Sprintf("%dh %dm", h, m)
 	}
-	return fmt.Sprintf("%dd %dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	days, h := int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour)
+	if h == 0 {
+		return fmt.Sprintf("%dd", days)
+	}
+	return fmt.Sprintf("%dd %dh", days, h)
+}
+
+// span names a window: "24 hours", "7 days".
+func span(d time.Duration) string {
+	switch {
+	case d >= 48*time.Hour && d%(24*time.Hour) == 0:
+		return fmt.Sprintf("%d days", d/(24*time.Hour))
+	case d == time.Hour:
+		return "hour"
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%d hours", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%d minutes", d/time.Minute)
+	}
+	return d.String()
+}
+
+// reason says why an attempt failed: its error, which names the status
+// when there was one.
+func reason(status int, err string) string {
+	if err != "" {
+		return err
+	}
+	return fmtStatus(status)
 }
 
 func fmtDur(d time.Duration) string {

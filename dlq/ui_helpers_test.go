@@ -216,6 +216,17 @@ func (e *uiEnv) endpoint(tenant, u string) outbox.Endpoint {
 // relay would leave it, and returns the dead delivery's ID.
 func (e *uiEnv) deadLetter(ep outbox.Endpoint, eventID, typ string, failedAt time.Time) int64 {
 	e.t.Helper()
+	return e.deadLetterAs(ep, eventID, typ, failedAt, 500, "HTTP 500", `<script>alert("x")</script> database down`)
+}
+
+// deadLetterAs is deadLetter with the last attempts' outcome: a status (0
+// for none), an error and a response excerpt.
+func (e *uiEnv) deadLetterAs(ep outbox.Endpoint, eventID, typ string, failedAt time.Time, status int, msg, excerpt string) int64 {
+	e.t.Helper()
+	var st any
+	if status != 0 {
+		st = status
+	}
 	if _, err := e.db.ExecContext(e.ctx, e.rebind(`INSERT INTO txhook_events (id, tenant, type, payload, created_at, dispatched_at)
 VALUES (?, ?, ?, ?, ?, ?)`), eventID, ep.Tenant, typ, `{"payment_id":"pay_`+eventID+`","amount":1200}`, e.ts(failedAt.Add(-time.Hour)), e.ts(failedAt.Add(-time.Hour))); err != nil {
 		e.t.Fatal(err)
@@ -223,19 +234,19 @@ VALUES (?, ?, ?, ?, ?, ?)`), eventID, ep.Tenant, typ, `{"payment_id":"pay_`+even
 	var id int64
 	if err := e.db.QueryRowContext(e.ctx, e.rebind(`INSERT INTO txhook_deliveries
 (event_id, endpoint_id, state, attempts, next_attempt_at, last_status, last_error, created_at, updated_at)
-VALUES (?, ?, 'dead', 2, ?, 500, 'HTTP 500', ?, ?) RETURNING id`), eventID, ep.ID, e.ts(failedAt), e.ts(failedAt.Add(-time.Hour)), e.ts(failedAt)).Scan(&id); err != nil {
+VALUES (?, ?, 'dead', 2, ?, ?, ?, ?, ?) RETURNING id`), eventID, ep.ID, e.ts(failedAt), st, msg, e.ts(failedAt.Add(-time.Hour)), e.ts(failedAt)).Scan(&id); err != nil {
 		e.t.Fatal(err)
 	}
 	for n := 1; n <= 2; n++ {
 		if _, err := e.db.ExecContext(e.ctx, e.rebind(`INSERT INTO txhook_attempts
-(delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error) VALUES (?, ?, ?, ?, 1500, 500, ?, 'HTTP 500')`),
-			id, ep.ID, n, e.ts(failedAt.Add(-time.Duration(3-n)*time.Minute)), `<script>alert("x")</script> database down`); err != nil {
+(delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error) VALUES (?, ?, ?, ?, 1500, ?, ?, ?)`),
+			id, ep.ID, n, e.ts(failedAt.Add(-time.Duration(3-n)*time.Minute)), st, excerpt, msg); err != nil {
 			e.t.Fatal(err)
 		}
 	}
 	if _, err := e.db.ExecContext(e.ctx, e.rebind(`INSERT INTO txhook_dead_letters
-(delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at) VALUES (?, ?, ?, ?, ?, 2, 500, 'HTTP 500', ?)`),
-		id, eventID, ep.ID, ep.Tenant, typ, e.ts(failedAt)); err != nil {
+(delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at) VALUES (?, ?, ?, ?, ?, 2, ?, ?, ?)`),
+		id, eventID, ep.ID, ep.Tenant, typ, st, msg, e.ts(failedAt)); err != nil {
 		e.t.Fatal(err)
 	}
 	return id
