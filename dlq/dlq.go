@@ -13,6 +13,9 @@
 //		fmt.Println(e.EventID, e.LastStatus, e.LastError)
 //	}
 //	n, err := q.ReplayAll(ctx, dlq.Filter{EndpointID: "ep_…"}) // after the receiver is fixed
+//
+// NewUI serves the same operations as web pages for operators, with the
+// endpoints' health and delivery logs, behind the host's own authorization.
 package dlq
 
 import (

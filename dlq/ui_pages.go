@@ -482,7 +482,7 @@ func flash(r *http.Request) (string, bool) {
 	skipped, _ := strconv.Atoi(q.Get("skipped"))
 	switch q.Get("done") {
 	case "replayed":
-		msg := fmt.Sprintf("Replayed %s: each is queued as a new delivery, due now.", plural(n, "dead letter"))
+		msg := fmt.Sprintf("Replayed %s: each is queued again as a new delivery with the same event ID.", plural(n, "dead letter"))
 		if skipped > 0 {
 			msg += fmt.Sprintf(" %s could not be: already replayed or purged, or the endpoint was deleted.", plural(skipped, "dead letter"))
 		}

@@ -17,7 +17,7 @@ const (
 // health of its own endpoints, and nobody else's: mount it behind your API's
 // authentication and let tenant say whose endpoints the request may see.
 // When tenant returns false (or an empty tenant) the handler answers 403
-// and reads nothing.
+// and reads nothing; a nil tenant func refuses every request.
 //
 // GET (or HEAD) answers
 //

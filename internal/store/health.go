@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// Bounds of the health queries: each reads at most this many attempt rows
-// per endpoint, whatever the traffic, beyond index-only counts.
+// Bounds of the health queries: besides index-only counts, each reads at
+// most this many attempt rows of an endpoint, whatever the traffic.
 const (
 	// HealthLatencySample is how many of the latest attempts in the window
 	// the latency percentiles are computed over.
@@ -46,8 +46,9 @@ type HealthStats struct {
 }
 
 // EndpointHealth computes an endpoint's health numbers. Every query walks
-// an index of the endpoint: the counts are index-only, and the rows read
-// are bounded by HealthLatencySample and HealthRecent.
+// an index of the endpoint: the counts are index-only scans of the window,
+// and the other rows read are bounded by HealthLatencySample and
+// HealthRecent.
 func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, until time.Time) (HealthStats, error) {
 	var h HealthStats
 	var failing Time
