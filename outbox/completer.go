@@ -42,7 +42,11 @@ func newCompleter(r *Relay, size int) *completer {
 // outcome is a completion with what the logs and callbacks need.
 type outcome struct {
 	store.Completion
-	eventID, eventType, tenant, endpointID string
+	eventID, eventType, tenant, endpointID, orderingKey string
+	// fault: the receiver failed (no answer, 5xx, 408, 429), which counts
+	// toward its circuit breaker. local: the attempt failed on our side
+	// (signing, conversion) and says nothing about the receiver.
+	fault, local bool
 }
 
 func (c *completer) add(x outcome) { c.in <- x }
@@ -130,6 +134,7 @@ func (c *completer) report(ctx context.Context, batch []outcome, applied []int64
 		ok[id] = true
 	}
 	defer c.trackEndpoints(ctx, batch, ok)
+	defer c.unblock(ctx, batch, ok)
 	for i := range batch {
 		x := &batch[i]
 		if !ok[x.ID] {
@@ -252,5 +257,29 @@ func (c *completer) disable(ctx context.Context, id, tenant string, since time.T
 	r.log.Warn("txhook: endpoint disabled", "endpoint", id, "tenant", tenant, "reason", reason)
 	if r.cfg.OnEndpointDisabled != nil {
 		r.cfg.OnEndpointDisabled(EndpointNotice{EndpointID: id, Tenant: tenant, Reason: reason, FailingSince: since, At: now})
+	}
+}
+
+// unblock lets the next delivery of each ordering key go once the one
+// before it has succeeded or been dead-lettered.
+func (c *completer) unblock(ctx context.Context, batch []outcome, applied map[int64]bool) {
+	var pairs []store.OrderedPair
+	for i := range batch {
+		x := &batch[i]
+		if x.orderingKey != "" && applied[x.ID] && (x.State == store.StateSucceeded || x.State == store.StateDead) {
+			pairs = append(pairs, store.OrderedPair{Tenant: x.tenant, EndpointID: x.endpointID, Key: x.orderingKey})
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	n, err := c.r.st.Unblock(ctx, c.r.clock.Now(), pairs)
+	if err != nil {
+		// The sweep in the relay's maintenance catches up.
+		c.r.log.Warn("txhook: releasing ordered deliveries failed; the sweep will retry", "error", err)
+		return
+	}
+	if n > 0 {
+		c.r.Wake()
 	}
 }

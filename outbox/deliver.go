@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -17,6 +20,8 @@ const (
 	HeaderEventType = "Webhook-Event-Type"
 	// HeaderEventID carries the event ID; the Standard scheme also signs it.
 	HeaderEventID = "Webhook-Id"
+	// HeaderEventVersion carries the schema version of the body's data.
+	HeaderEventVersion = "Webhook-Event-Version"
 )
 
 var jsonContentType = []string{"application/json"}
@@ -42,20 +47,27 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		return out, 0
 	}
 
+	body, version, err := r.body(c)
+	if err != nil {
+		r.log.Error("txhook: cannot build the delivery in the endpoint's pinned version; register the converter", "endpoint", c.EndpointID, "error", err)
+		out.local = true
+		return r.fail(out, now, now, 0, err.Error(), "", false), 0
+	}
 	secrets, err := r.secrets.active(c.Secrets, now)
 	if err == nil && len(secrets) == 0 {
 		err = errors.New("endpoint has no active signing secret")
 	}
-	body := envelope(c)
 	h := make(http.Header, 8)
 	h["Content-Type"] = jsonContentType
 	h[HeaderEventID] = []string{c.EventID}
 	h[HeaderEventType] = []string{c.Type}
+	h[HeaderEventVersion] = []string{strconv.Itoa(version)}
 	if err == nil {
 		err = r.cfg.Signer.Sign(h, c.EventID, now, body, secrets)
 	}
 	if err != nil {
 		r.log.Error("txhook: cannot sign delivery; fix the endpoint's secrets", "endpoint", c.EndpointID, "error", err)
+		out.local = true
 		return r.fail(out, now, now, 0, "signing failed: "+err.Error(), "", false), 0
 	}
 
@@ -73,6 +85,8 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 	msg := res.Err.Error()
 	if r.httpCtx.Err() != nil {
 		msg = "relay stopped during the request: " + msg
+	} else {
+		out.fault = res.Status == 0 || res.Status >= 500 || res.Status == http.StatusTooManyRequests || res.Status == http.StatusRequestTimeout
 	}
 	rec.Error = msg
 	out.Records = append(out.Records, rec)
@@ -119,7 +133,7 @@ func newOutcome(j *job, now time.Time) outcome {
 	c := &j.c
 	out := outcome{
 		Completion: store.Completion{ID: c.ID, Attempt: c.Attempt},
-		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID,
+		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID, orderingKey: c.OrderingKey,
 	}
 	if c.LeaseLapsed {
 		out.Records = append(out.Records, store.AttemptRecord{
@@ -153,21 +167,69 @@ func (r *Relay) deadLettered(x *outcome) {
 	}
 }
 
+// body builds the request body in the schema version the endpoint pinned
+// for the event's type, if any, and returns that version.
+func (r *Relay) body(c *store.Claimed) ([]byte, int, error) {
+	version, data := c.Version, json.RawMessage(c.Payload)
+	if want, pinned, err := r.pins.version(c.Versions, c.Type); err != nil {
+		return nil, 0, err
+	} else if pinned && want != version {
+		if r.o.cfg.Catalog == nil {
+			return nil, 0, fmt.Errorf("endpoint pins %s to version %d but the event is version %d and no catalog is configured", c.Type, want, version)
+		}
+		if data, err = r.o.cfg.Catalog.Convert(c.Type, version, want, data); err != nil {
+			return nil, 0, err
+		}
+		version = want
+	}
+	return envelope(c, version, data), version, nil
+}
+
 // envelope builds the request body: the Standard Webhooks payload shape
-// around the stored payload, which is copied, never re-encoded. Event IDs
-// and types are restricted to characters that need no JSON escaping.
-func envelope(c *store.Claimed) []byte {
-	b := make([]byte, 0, len(c.Payload)+len(c.EventID)+len(c.Type)+80)
+// around the payload, which is copied, never re-encoded. Event IDs and types
+// are restricted to characters that need no JSON escaping.
+func envelope(c *store.Claimed, version int, data []byte) []byte {
+	b := make([]byte, 0, len(data)+len(c.EventID)+len(c.Type)+96)
 	b = append(b, `{"id":"`...)
 	b = append(b, c.EventID...)
 	b = append(b, `","type":"`...)
 	b = append(b, c.Type...)
-	b = append(b, `","timestamp":"`...)
+	b = append(b, `","version":`...)
+	b = strconv.AppendInt(b, int64(version), 10)
+	b = append(b, `,"timestamp":"`...)
 	b = c.EventTime.UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z")
 	b = append(b, `","data":`...)
-	b = append(b, c.Payload...)
+	b = append(b, data...)
 	b = append(b, '}')
 	return b
+}
+
+// pinCache decodes endpoints' pinned versions once per distinct value.
+type pinCache struct {
+	mu sync.Mutex
+	m  map[string]map[string]int
+}
+
+func (pc *pinCache) version(raw []byte, typ string) (int, bool, error) {
+	if len(raw) == 0 || string(raw) == "{}" {
+		return 0, false, nil
+	}
+	pc.mu.Lock()
+	pins, ok := pc.m[string(raw)]
+	pc.mu.Unlock()
+	if !ok {
+		if err := json.Unmarshal(raw, &pins); err != nil {
+			return 0, false, fmt.Errorf("stored versions: %w", err)
+		}
+		pc.mu.Lock()
+		if pc.m == nil || len(pc.m) > 10000 {
+			pc.m = map[string]map[string]int{}
+		}
+		pc.m[string(raw)] = pins
+		pc.mu.Unlock()
+	}
+	v, ok := pins[typ]
+	return v, ok, nil
 }
 
 // secretCache decodes endpoints' stored secrets once per distinct value.

@@ -31,8 +31,39 @@ type Endpoint struct {
 	Secrets        []Secret
 	Enabled        bool
 	DisabledReason string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	// Limits protect the receiver; see Limits.
+	Limits Limits
+	// Versions pins schema versions by event type: events of a pinned type
+	// are converted to that version before they are sent (see Catalog).
+	Versions map[string]int
+	// FailingSince is when the current run of failed attempts began; zero
+	// when the last attempt succeeded.
+	FailingSince time.Time
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+// Limits protect one receiver from the relays. They are enforced by each
+// relay process on its own: with several relays, an endpoint can see up to
+// that many times the limits, so divide them by the number of relays.
+type Limits struct {
+	// RatePerSecond caps requests per second to the endpoint, with bursts
+	// of Burst; zero means no cap. Deliveries that would exceed it wait,
+	// spending no attempt.
+	RatePerSecond float64
+	// Burst is how many requests may go at once above the rate; zero means
+	// the rate rounded up (at least 1).
+	Burst int
+	// MaxInFlight caps requests in flight to the endpoint; zero means the
+	// relay's EndpointConcurrency (which also caps this).
+	MaxInFlight int
+}
+
+func (l Limits) check() error {
+	if l.RatePerSecond < 0 || l.RatePerSecond > 1e6 || l.Burst < 0 || l.Burst > 1e6 || l.MaxInFlight < 0 || l.MaxInFlight > 10000 {
+		return fmt.Errorf("%w: limits out of range (rate 0..1e6/s, burst 0..1e6, in flight 0..10000)", ErrInvalidEndpoint)
+	}
+	return nil
 }
 
 // Secret is an endpoint's signing secret. Its String, LogValue and
@@ -125,6 +156,11 @@ type NewEndpoint struct {
 	// "whsec_" secret or "whsk_" ed25519 key, or, for the Stripe-style
 	// scheme only, any string of 16 to 128 printable characters.
 	Secret string
+	// Limits protect the receiver; the zero value sets none beyond the
+	// relay's EndpointConcurrency.
+	Limits Limits
+	// Versions pins schema versions by event type.
+	Versions map[string]int
 }
 
 // EndpointUpdate changes an endpoint; nil fields are left as they are.
@@ -132,6 +168,26 @@ type EndpointUpdate struct {
 	URL         *string
 	Description *string
 	EventTypes  *[]string
+	Limits      *Limits
+	Versions    *map[string]int
+}
+
+func (o *Outbox) checkVersions(v map[string]int) ([]byte, error) {
+	if len(v) > 1000 {
+		return nil, fmt.Errorf("%w: more than 1000 pinned versions", ErrInvalidEndpoint)
+	}
+	for typ, n := range v {
+		if !typePattern.MatchString(typ) || n < 1 {
+			return nil, fmt.Errorf("%w: pinned version %.64q: %d", ErrInvalidEndpoint, typ, n)
+		}
+		if c := o.cfg.Catalog; c != nil && !c.has(typ, n) {
+			return nil, fmt.Errorf("%w: %.64q version %d", ErrUnknownEventType, typ, n)
+		}
+	}
+	if v == nil {
+		v = map[string]int{}
+	}
+	return json.Marshal(v)
 }
 
 var eventTypePattern = regexp.MustCompile(`^(\*|[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}|[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}\.\*)$`)
@@ -184,6 +240,13 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	if err != nil {
 		return Endpoint{}, err
 	}
+	versions, err := o.checkVersions(ne.Versions)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	if err := ne.Limits.check(); err != nil {
+		return Endpoint{}, err
+	}
 	if err := o.checkURL(ctx, ne.URL); err != nil {
 		return Endpoint{}, err
 	}
@@ -204,6 +267,10 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 		EventTypes:  types,
 		Secrets:     encodeSecrets([]Secret{{Value: secret}}),
 		Enabled:     true,
+		RateLimit:   ne.Limits.RatePerSecond,
+		RateBurst:   ne.Limits.Burst,
+		MaxInFlight: ne.Limits.MaxInFlight,
+		Versions:    versions,
 		CreatedAt:   now,
 		UpdatedAt:   now,
 	}
@@ -213,8 +280,9 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	return endpointFromRow(row)
 }
 
-// UpdateEndpoint changes an endpoint's URL, description or event types.
-// Deliveries already queued go to the new URL from their next attempt.
+// UpdateEndpoint changes an endpoint's URL, description, event types,
+// limits or pinned versions. Deliveries already queued go to the new URL,
+// in the pinned version, from their next attempt.
 func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdate) (Endpoint, error) {
 	row, err := o.endpointRow(ctx, id)
 	if err != nil {
@@ -234,6 +302,17 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 	}
 	if up.EventTypes != nil {
 		if row.EventTypes, err = checkEventTypes(*up.EventTypes); err != nil {
+			return Endpoint{}, err
+		}
+	}
+	if up.Limits != nil {
+		if err := up.Limits.check(); err != nil {
+			return Endpoint{}, err
+		}
+		row.RateLimit, row.RateBurst, row.MaxInFlight = up.Limits.RatePerSecond, up.Limits.Burst, up.Limits.MaxInFlight
+	}
+	if up.Versions != nil {
+		if row.Versions, err = o.checkVersions(*up.Versions); err != nil {
 			return Endpoint{}, err
 		}
 	}
@@ -326,9 +405,16 @@ func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 	e := Endpoint{
 		ID: r.ID, Tenant: r.Tenant, URL: r.URL, Description: r.Description,
 		Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Limits:       Limits{RatePerSecond: r.RateLimit, Burst: r.RateBurst, MaxInFlight: r.MaxInFlight},
+		FailingSince: r.FailingSince,
 	}
 	if err := json.Unmarshal(r.EventTypes, &e.EventTypes); err != nil {
 		return Endpoint{}, fmt.Errorf("txhook: stored event types: %w", err)
+	}
+	if len(r.Versions) > 0 {
+		if err := json.Unmarshal(r.Versions, &e.Versions); err != nil {
+			return Endpoint{}, fmt.Errorf("txhook: stored versions: %w", err)
+		}
 	}
 	var err error
 	if e.Secrets, err = decodeSecrets(r.Secrets); err != nil {

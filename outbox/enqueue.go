@@ -42,8 +42,20 @@ type Event struct {
 	Type string
 
 	// Payload is the event's data as JSON. It is sent verbatim as the "data"
-	// member of the envelope.
+	// member of the envelope (unless an endpoint pinned another version).
 	Payload []byte
+
+	// Version is the schema version of Payload. Zero means the newest
+	// version in Config.Catalog, or 1 without a catalog.
+	Version int
+
+	// OrderingKey, when set, orders this event's deliveries after those of
+	// earlier events with the same key for the same tenant: each endpoint
+	// receives them one at a time, in Enqueue order, the next only after the
+	// previous one succeeded or was dead-lettered. Use the ID of the object
+	// the events are about (a payment ID). Events with different keys, or
+	// none, are delivered in parallel. At most 255 printable characters.
+	OrderingKey string
 }
 
 var (
@@ -85,6 +97,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 		Type:           ev.Type,
 		Payload:        string(ev.Payload),
 		IdempotencyKey: ev.IdempotencyKey,
+		Version:        ev.Version,
+		OrderingKey:    ev.OrderingKey,
 		CreatedAt:      now,
 	}, notify)
 	if err != nil {
@@ -117,12 +131,26 @@ func (o *Outbox) validate(ev *Event) error {
 		return fmt.Errorf("%w: idempotency key longer than 255 bytes", ErrInvalidEvent)
 	case !printable(ev.IdempotencyKey):
 		return fmt.Errorf("%w: idempotency key must be printable UTF-8", ErrInvalidEvent)
+	case len(ev.OrderingKey) > 255 || !printable(ev.OrderingKey):
+		return fmt.Errorf("%w: ordering key must be printable UTF-8 of at most 255 bytes", ErrInvalidEvent)
+	case ev.Version < 0:
+		return fmt.Errorf("%w: negative version", ErrInvalidEvent)
 	case len(ev.Payload) > o.cfg.MaxPayloadBytes:
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, len(ev.Payload), o.cfg.MaxPayloadBytes)
 	case len(ev.Payload) == 0:
 		return fmt.Errorf("%w: payload is empty", ErrInvalidPayload)
 	case !json.Valid(ev.Payload):
 		return ErrInvalidPayload
+	}
+	if c := o.cfg.Catalog; c != nil {
+		if ev.Version == 0 {
+			ev.Version, _ = c.Latest(ev.Type)
+		}
+		if !c.has(ev.Type, ev.Version) {
+			return fmt.Errorf("%w: %.64q version %d", ErrUnknownEventType, ev.Type, ev.Version)
+		}
+	} else if ev.Version == 0 {
+		ev.Version = 1
 	}
 	return nil
 }

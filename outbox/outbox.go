@@ -71,6 +71,11 @@ type Config struct {
 	// relay polls.
 	ListenDSN string
 
+	// Catalog, if set, lists the event types this platform sends: Enqueue
+	// refuses types and versions it does not list, endpoints can pin only
+	// versions it lists, and relays convert payloads with its converters.
+	Catalog *Catalog
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 

@@ -28,11 +28,13 @@ type Relay struct {
 	log    *slog.Logger
 	client *safehttp.Client
 
-	mu      sync.Mutex
-	started bool
-	eps     map[string]*endpointQueue
+	mu       sync.Mutex // guards started, eps, readyQ, quitting
+	cond     *sync.Cond // workers wait on it for readyQ
+	started  bool
+	eps      map[string]*endpointQueue
+	readyQ   []*job // jobs cleared to run, for the workers
+	quitting bool
 
-	ready    chan *job
 	held     atomic.Int64 // jobs claimed and not yet handed to the completer
 	freed    chan struct{}
 	wakeCh   chan struct{}
@@ -44,7 +46,7 @@ type Relay struct {
 	bgCancel    context.CancelFunc
 	fetchDone   chan struct{}
 	maintDone   chan struct{}
-	quit        chan struct{}
+	timersQuit  chan struct{}
 	workers     sync.WaitGroup
 	comp        *completer
 	stopOnce    sync.Once
@@ -52,6 +54,7 @@ type Relay struct {
 	stopErr     error
 
 	secrets secretCache
+	pins    pinCache
 	stats   relayCounters
 }
 
@@ -85,12 +88,6 @@ type job struct {
 	startBy time.Time
 }
 
-type endpointQueue struct {
-	inflight int
-	waiting  []*job
-	ewma     time.Duration // recent request duration
-}
-
 // ErrRelayStarted is returned by Start on a relay that was started before.
 var ErrRelayStarted = errors.New("txhook: relay already started")
 
@@ -116,13 +113,13 @@ func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
 			MaxBodyBytes:        cfg.MaxResponseBytes,
 			MaxIdleConnsPerHost: cfg.EndpointConcurrency,
 		}),
-		eps:     map[string]*endpointQueue{},
-		ready:   make(chan *job, cfg.Concurrency+cfg.BatchSize),
-		freed:   make(chan struct{}, 1),
-		wakeCh:  make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		stopped: make(chan struct{}),
+		eps:        map[string]*endpointQueue{},
+		freed:      make(chan struct{}, 1),
+		wakeCh:     make(chan struct{}, 1),
+		timersQuit: make(chan struct{}),
+		stopped:    make(chan struct{}),
 	}
+	r.cond = sync.NewCond(&r.mu)
 	return r, nil
 }
 
@@ -207,6 +204,7 @@ func (r *Relay) stop(ctx context.Context) error {
 	r.fetchCancel()
 	<-r.fetchDone
 	<-r.maintDone
+	close(r.timersQuit)
 
 	// Release what is queued behind busy endpoints.
 	r.mu.Lock()
@@ -218,8 +216,7 @@ func (r *Relay) stop(ctx context.Context) error {
 	r.mu.Unlock()
 	now := r.clock.Now()
 	for _, j := range waiting {
-		r.comp.add(r.postpone(j, now))
-		r.dropHeld()
+		r.putBack(j, now)
 	}
 
 	// Wait for in-flight requests; workers release the jobs still in the
@@ -238,7 +235,10 @@ func (r *Relay) stop(ctx context.Context) error {
 			<-r.freed
 		}
 	}
-	close(r.quit)
+	r.mu.Lock()
+	r.quitting = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
 	r.workers.Wait()
 	r.httpCancel()
 
@@ -396,9 +396,17 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		return 0, err
 	}
 	take(fresh)
+	// Events with an ordering key take a slower path that keeps their order.
+	if rest := n - got; rest > 0 {
+		keyed, err := r.st.DispatchKeyed(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), rest)
+		if err != nil {
+			return got, err
+		}
+		take(keyed)
+	}
 	// One event can fan out to several deliveries; what is left of n goes
 	// to retries and rescued leases.
-	if rest := n - len(fresh); rest > 0 {
+	if rest := n - got; rest > 0 {
 		due, err := r.st.Claim(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), rest)
 		if err != nil {
 			return got, err
@@ -406,75 +414,4 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		take(due)
 	}
 	return got, nil
-}
-
-// dispatch queues j behind its endpoint's in-flight limit.
-func (r *Relay) dispatch(j *job) {
-	r.mu.Lock()
-	q := r.eps[j.c.EndpointID]
-	if q == nil {
-		q = &endpointQueue{}
-		r.eps[j.c.EndpointID] = q
-	}
-	if q.inflight < r.cfg.EndpointConcurrency {
-		q.inflight++
-		r.mu.Unlock()
-		r.ready <- j
-		return
-	}
-	if len(q.waiting) < r.cfg.BatchSize {
-		q.waiting = append(q.waiting, j)
-		r.mu.Unlock()
-		return
-	}
-	// The endpoint has a batch waiting already: put this one back for later,
-	// spending no attempt, so the slots go to other endpoints meanwhile.
-	wait := time.Duration(len(q.waiting)/r.cfg.EndpointConcurrency+1) * max(q.ewma, 10*time.Millisecond)
-	r.mu.Unlock()
-	r.comp.add(r.postpone(j, r.clock.Now().Add(min(max(wait, 100*time.Millisecond), 5*time.Minute))))
-	r.dropHeld()
-}
-
-// finish gives up j's endpoint slot, or returns the endpoint's next waiting
-// job for the same worker to run in that slot.
-func (r *Relay) finish(j *job, took time.Duration) *job {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	q := r.eps[j.c.EndpointID]
-	if took > 0 {
-		if q.ewma == 0 {
-			q.ewma = took
-		} else {
-			q.ewma = (q.ewma*7 + took) / 8
-		}
-	}
-	if len(q.waiting) > 0 {
-		next := q.waiting[0]
-		q.waiting[0] = nil
-		q.waiting = q.waiting[1:]
-		return next
-	}
-	q.inflight--
-	if q.inflight == 0 {
-		delete(r.eps, j.c.EndpointID)
-	}
-	return nil
-}
-
-func (r *Relay) worker() {
-	defer r.workers.Done()
-	for {
-		select {
-		case <-r.quit:
-			return
-		case j := <-r.ready:
-			for j != nil {
-				c, took := r.process(j)
-				r.comp.add(c)
-				next := r.finish(j, took)
-				r.dropHeld()
-				j = next
-			}
-		}
-	}
 }

@@ -103,6 +103,18 @@ type RelayConfig struct {
 
 	// Retention prunes old finished deliveries; see Retention.
 	Retention Retention
+
+	// BreakerThreshold is how many receiver faults in a row (connection
+	// errors, timeouts, 5xx, 408, 429) open an endpoint's circuit: its
+	// deliveries then wait, spending no attempts, for BreakerCooldown; then
+	// one probe request at a time is sent, and after a success the
+	// endpoint's in-flight cap ramps up again from 2, doubling per success.
+	// A failed probe reopens the circuit for twice as long, up to
+	// BreakerMaxCooldown. Default 5; negative turns the breaker off. Each
+	// relay keeps its own circuits.
+	BreakerThreshold   int
+	BreakerCooldown    time.Duration // default 30 s
+	BreakerMaxCooldown time.Duration // default 10 min
 }
 
 // EndpointNotice describes a change in an endpoint's health.
@@ -159,6 +171,10 @@ const (
 	DefaultMaxResponse   = 64 << 10
 	DefaultMaxRetryAfter = time.Hour
 	DefaultDisableAfter  = 5 * 24 * time.Hour
+
+	DefaultBreakerThreshold   = 5
+	DefaultBreakerCooldown    = 30 * time.Second
+	DefaultBreakerMaxCooldown = 10 * time.Minute
 )
 
 // ErrInvalidConfig is returned for a RelayConfig that cannot work.
@@ -209,6 +225,15 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.DisableAfter = DefaultDisableAfter
 	}
 	c.Retention = c.Retention.withDefaults()
+	if c.BreakerThreshold == 0 {
+		c.BreakerThreshold = DefaultBreakerThreshold
+	}
+	if c.BreakerCooldown <= 0 {
+		c.BreakerCooldown = DefaultBreakerCooldown
+	}
+	if c.BreakerMaxCooldown < c.BreakerCooldown {
+		c.BreakerMaxCooldown = max(DefaultBreakerMaxCooldown, c.BreakerCooldown)
+	}
 	return c
 }
 

@@ -130,10 +130,28 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 		if _, err := q.Replay(b.ctx, e.DeliveryID); err != nil {
 			t.Fatal(err)
 		}
+		// The relay's circuit for the endpoint opened after its failures:
+		// the replay waits, spending no attempt, until the cooldown is over.
+		b.eventually("replay put back behind the open circuit", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending' AND attempts = 0 AND next_attempt_at > ?", b.ts(fake.Now())) == 1
+		})
+		fake.Advance(outbox.DefaultBreakerMaxCooldown)
 		b.eventually("replayed delivery succeeded", func() bool {
 			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1
 		})
 		reqs = rc.requests()
+		if len(reqs) != 10 {
+			rows, _ := db.QueryContext(b.ctx, "SELECT delivery_id, attempt, coalesce(status, 0), error FROM txhook_attempts ORDER BY id")
+			for rows.Next() {
+				var d, a, st int
+				var e string
+				rows.Scan(&d, &a, &st, &e)
+				t.Logf("attempt d=%d a=%d status=%d err=%s", d, a, st, e)
+			}
+			rows.Close()
+			ds, _ := b.ob.EventDeliveries(b.ctx, id)
+			t.Logf("deliveries %+v", ds)
+		}
 		if len(reqs) != 10 || reqs[9].Header.Get("Webhook-Id") != id {
 			t.Fatalf("replay: %d requests, last id %q, want %q", len(reqs), reqs[len(reqs)-1].Header.Get("Webhook-Id"), id)
 		}

@@ -105,19 +105,33 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 	return p, err
 }
 
-// maintain prunes every Retention.Interval until ctx ends.
+// sweepInterval is how often a relay looks for ordered deliveries left
+// blocked behind a finished one, which only a crash between a completion
+// and its unblocking can cause.
+const sweepInterval = 5 * time.Second
+
+// maintain prunes every Retention.Interval and sweeps blocked ordered
+// deliveries, until ctx ends.
 func (r *Relay) maintain(ctx context.Context) {
 	iv := r.cfg.Retention.Interval
-	if iv < 0 {
-		return
+	var pruneC <-chan time.Time // nil, never ready, when pruning is off
+	var prune Timer
+	if iv >= 0 {
+		prune = r.clock.NewTimer(iv)
+		defer prune.Stop()
+		pruneC = prune.C()
 	}
-	t := r.clock.NewTimer(iv)
-	defer t.Stop()
+	sweep := r.clock.NewTimer(sweepInterval)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C():
+		case <-sweep.C():
+			r.sweepBlocked(ctx)
+			sweep.Reset(sweepInterval)
+			continue
+		case <-pruneC:
 		}
 		p, err := r.o.Prune(ctx, r.cfg.Retention)
 		switch {
@@ -126,6 +140,20 @@ func (r *Relay) maintain(ctx context.Context) {
 		case p != Pruned{}:
 			r.log.Info("txhook: pruned", "deliveries", p.Deliveries, "attempts", p.Attempts, "events", p.Events, "dead_letters", p.DeadLetters)
 		}
-		t.Reset(iv)
+		prune.Reset(iv)
+	}
+}
+
+func (r *Relay) sweepBlocked(ctx context.Context) {
+	lines, err := r.st.BlockedLines(ctx, 1000)
+	if err == nil && len(lines) > 0 {
+		var n int
+		if n, err = r.st.Unblock(ctx, r.clock.Now(), lines); n > 0 {
+			r.log.Info("txhook: released ordered deliveries left blocked", "count", n)
+			r.Wake()
+		}
+	}
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("txhook: sweeping ordered deliveries failed", "error", err)
 	}
 }

@@ -141,11 +141,14 @@ func run(out io.Writer) error {
 		endpoints["acme"].ID, endpoints["globex"].ID)
 
 	// A short schedule so the demo dead-letters in a second; the default is
-	// the article's 9 attempts over 24 hours.
+	// the article's 9 attempts over 24 hours. Likewise a short circuit
+	// breaker cooldown (default 30 s): after 5 failures in a row the relay
+	// stops sending to globex and probes it again after the cooldown.
 	deadLettered := make(chan outbox.DeadLetterNotice, 10)
 	relay, err := ob.NewRelay(outbox.RelayConfig{
-		Retry:        retry.Intervals(100*time.Millisecond, 200*time.Millisecond),
-		OnDeadLetter: func(n outbox.DeadLetterNotice) { deadLettered <- n },
+		Retry:           retry.Intervals(100*time.Millisecond, 200*time.Millisecond),
+		BreakerCooldown: 200 * time.Millisecond,
+		OnDeadLetter:    func(n outbox.DeadLetterNotice) { deadLettered <- n },
 	})
 	if err != nil {
 		return err

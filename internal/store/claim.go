@@ -3,7 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -17,15 +17,28 @@ type Claimed struct {
 	EventID     string
 	Tenant      string
 	Type        string
+	Version     int // schema version of Payload
 	Payload     []byte
 	EventTime   time.Time
 	EndpointID  string
+	OrderingKey string
 	// Endpoint columns; EndpointFound is false when the endpoint row is gone.
 	EndpointFound bool
 	URL           string
 	Secrets       []byte // JSON
 	Enabled       bool
+	RateLimit     float64
+	RateBurst     int
+	MaxInFlight   int
+	Versions      []byte // JSON object: pinned schema version by type
 }
+
+// The columns every claim returns, in scanClaimed's order, after the
+// delivery's id, attempt and previous state.
+const (
+	claimEventCols    = `e.tenant, e.type, e.version, e.payload, e.created_at`
+	claimEndpointCols = `ep.url, ep.secrets, ep.enabled, ep.rate_limit, ep.rate_burst, ep.max_in_flight, ep.versions`
+)
 
 // pgClaim takes up to $2 due deliveries. SKIP LOCKED lets any number of
 // relays claim at once without waiting on or taking each other's rows; the
@@ -41,18 +54,18 @@ const pgClaim = `WITH due AS (
     UPDATE txhook_deliveries d
     SET state = 'running', attempts = d.attempts + 1, lease_owner = $3, next_attempt_at = $4, updated_at = $1
     FROM due WHERE d.id = due.id
-    RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id
+    RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key
 )
-SELECT c.id, c.attempts, c.prev_state, c.event_id, e.tenant, e.type, e.payload, e.created_at,
-       c.endpoint_id, ep.url, ep.secrets, ep.enabled
+SELECT c.id, c.attempts, c.prev_state, c.event_id, ` + claimEventCols + `,
+       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `
 FROM claimed c
 JOIN txhook_events e ON e.id = c.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id`
 
 // SQLite has one writer at a time, so the claim is a read and an update in
 // one IMMEDIATE transaction: nobody can take the rows in between.
-const sqliteClaimSelect = `SELECT d.id, d.attempts + 1, d.state, d.event_id, e.tenant, e.type, e.payload, e.created_at,
-       d.endpoint_id, ep.url, ep.secrets, ep.enabled
+const sqliteClaimSelect = `SELECT d.id, d.attempts + 1, d.state, d.event_id, ` + claimEventCols + `,
+       d.endpoint_id, d.ordering_key, ` + claimEndpointCols + `
 FROM txhook_deliveries d
 JOIN txhook_events e ON e.id = d.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = d.endpoint_id
@@ -64,50 +77,58 @@ const sqliteClaimUpdate = `UPDATE txhook_deliveries
 SET state = 'running', attempts = attempts + 1, lease_owner = ?, next_attempt_at = ?, updated_at = ?
 WHERE id IN (SELECT value FROM json_each(?))`
 
-// pgDispatch takes up to $2 undispatched events, marks them dispatched and
-// creates their deliveries, one per enabled endpoint of the tenant that
-// subscribes to the type, already claimed by $3 for their first attempt:
-// fan-out and claim in one statement, so a new event costs the relay one
-// round trip before its first request.
-const pgDispatch = `WITH ev AS (
+// subscribed is the condition that endpoint ep takes events of type typ:
+// no types listed, the exact type, or a "prefix.*" (or "*") wildcard.
+func (s *Store) subscribed(typ string) string {
+	if s.Dialect == Postgres {
+		return `(jsonb_array_length(ep.event_types) = 0 OR EXISTS (
+        SELECT 1 FROM jsonb_array_elements_text(ep.event_types) p
+        WHERE p = ` + typ + ` OR (right(p, 1) = '*' AND starts_with(` + typ + `, rtrim(p, '*')))))`
+	}
+	return `(json_array_length(ep.event_types) = 0 OR EXISTS (
+        SELECT 1 FROM json_each(ep.event_types) p
+        WHERE p.value = ` + typ + ` OR (substr(p.value, -1) = '*'
+            AND substr(` + typ + `, 1, length(p.value) - 1) = substr(p.value, 1, length(p.value) - 1))))`
+}
+
+// pgDispatch takes up to $2 undispatched events without an ordering key,
+// marks them dispatched and creates their deliveries, one per enabled
+// endpoint of the tenant that subscribes to the type, already claimed by
+// $3 for their first attempt: fan-out and claim in one statement, so a new
+// event costs the relay one round trip before its first request.
+var pgDispatch = `WITH ev AS (
     SELECT id FROM txhook_events
-    WHERE dispatched_at IS NULL
+    WHERE dispatched_at IS NULL AND ordering_key IS NULL
     ORDER BY created_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), fan AS (
+), e AS (
     UPDATE txhook_events e SET dispatched_at = $1
     FROM ev WHERE e.id = ev.id
-    RETURNING e.id, e.tenant, e.type, e.payload, e.created_at
+    RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at
 ), ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
-    SELECT fan.id, ep.id, 'running', 1, $4, $3, $1, $1
-    FROM fan JOIN txhook_endpoints ep ON ep.tenant = fan.tenant AND ep.enabled
-    WHERE jsonb_array_length(ep.event_types) = 0 OR EXISTS (
-        SELECT 1 FROM jsonb_array_elements_text(ep.event_types) p
-        WHERE p = fan.type OR (right(p, 1) = '*' AND starts_with(fan.type, rtrim(p, '*'))))
+    SELECT e.id, ep.id, 'running', 1, $4, $3, $1, $1
+    FROM e JOIN txhook_endpoints ep ON ep.tenant = e.tenant AND ep.enabled
+    WHERE ` + (&Store{Dialect: Postgres}).subscribed("e.type") + `
     RETURNING id, event_id, endpoint_id
 )
-SELECT ins.id, 1, 'pending', ins.event_id, fan.tenant, fan.type, fan.payload, fan.created_at,
-       ins.endpoint_id, ep.url, ep.secrets, ep.enabled
+SELECT ins.id, 1, 'pending', ins.event_id, ` + claimEventCols + `,
+       ins.endpoint_id, NULL, ` + claimEndpointCols + `
 FROM ins
-JOIN fan ON fan.id = ins.event_id
+JOIN e ON e.id = ins.event_id
 JOIN txhook_endpoints ep ON ep.id = ins.endpoint_id`
 
-const sqliteDispatchSelect = `SELECT id, tenant, type, payload, created_at FROM txhook_events
-WHERE dispatched_at IS NULL
+const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at FROM txhook_events
+WHERE dispatched_at IS NULL AND ordering_key IS NULL
 ORDER BY created_at
 LIMIT ?`
 
 const sqliteDispatchMark = `UPDATE txhook_events SET dispatched_at = ? WHERE id IN (SELECT value FROM json_each(?))`
 
-const sqliteDispatchMatch = `SELECT e.id, ep.id, ep.url, ep.secrets
+var sqliteDispatchMatch = `SELECT e.id, ep.id, ` + claimEndpointCols + `
 FROM txhook_events e JOIN txhook_endpoints ep ON ep.tenant = e.tenant AND ep.enabled
-WHERE e.id IN (SELECT value FROM json_each(?1))
-  AND (json_array_length(ep.event_types) = 0 OR EXISTS (
-      SELECT 1 FROM json_each(ep.event_types) p
-      WHERE p.value = e.type OR (substr(p.value, -1) = '*'
-          AND substr(e.type, 1, length(p.value) - 1) = substr(p.value, 1, length(p.value) - 1))))
+WHERE e.id IN (SELECT value FROM json_each(?1)) AND ` + (&Store{Dialect: SQLite}).subscribed("e.type") + `
 ORDER BY e.created_at, ep.id`
 
 const sqliteDispatchInsert = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
@@ -121,76 +142,39 @@ func (s *Store) ClaimQueries() []string {
 	return nil
 }
 
-// Dispatch fans out up to limit undispatched events, oldest first: it marks
-// them dispatched and creates their deliveries, claimed by owner for their
-// first attempt and leased until leaseUntil. Events no endpoint subscribes
-// to are marked and yield nothing.
+// Dispatch fans out up to limit undispatched events without an ordering
+// key, oldest first: it marks them dispatched and creates their
+// deliveries, claimed by owner for their first attempt and leased until
+// leaseUntil. Events no endpoint subscribes to are marked and yield
+// nothing.
 func (s *Store) Dispatch(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		var rows *sql.Rows
-		var err error
 		args := []any{s.T(now), limit, owner, s.T(leaseUntil)}
-		if st := s.stmtFor(ctx, s.DB, pgDispatch); st != nil {
-			rows, err = st.QueryContext(ctx, args...)
-		} else {
-			rows, err = s.DB.QueryContext(ctx, pgDispatch, args...)
-		}
-		if err != nil {
-			return nil, err
-		}
-		return scanClaimed(rows, limit)
+		return s.queryClaimed(ctx, pgDispatch, limit, args...)
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {
 		out = out[:0]
-		rows, err := q.QueryContext(ctx, sqliteDispatchSelect, limit)
-		if err != nil {
+		events, ids, err := s.undispatched(ctx, q, sqliteDispatchSelect, limit)
+		if err != nil || len(ids) == 0 {
 			return err
 		}
-		type event struct {
-			tenant, typ string
-			payload     []byte
-			created     time.Time
-		}
-		events := map[string]event{}
-		var ids []string
-		for rows.Next() {
-			var id string
-			var e event
-			var t Time
-			if err := rows.Scan(&id, &e.tenant, &e.typ, &e.payload, &t); err != nil {
-				rows.Close()
-				return err
-			}
-			e.created = t.Time
-			events[id] = e
-			ids = append(ids, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil || len(ids) == 0 {
+		idJSON := jsonStrings(ids)
+		if _, err := q.ExecContext(ctx, sqliteDispatchMark, s.T(now), idJSON); err != nil {
 			return err
 		}
-		idJSON, err := json.Marshal(ids)
-		if err != nil {
-			return err
-		}
-		if _, err := q.ExecContext(ctx, sqliteDispatchMark, s.T(now), string(idJSON)); err != nil {
-			return err
-		}
-		rows, err = q.QueryContext(ctx, sqliteDispatchMatch, string(idJSON))
+		rows, err := q.QueryContext(ctx, sqliteDispatchMatch, idJSON)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
 			var c Claimed
-			var secrets string
-			if err := rows.Scan(&c.EventID, &c.EndpointID, &c.URL, &secrets); err != nil {
+			if err := rows.Scan(append([]any{&c.EventID, &c.EndpointID}, endpointDest(&c)...)...); err != nil {
 				rows.Close()
 				return err
 			}
-			e := events[c.EventID]
-			c.Attempt, c.Tenant, c.Type, c.Payload, c.EventTime = 1, e.tenant, e.typ, e.payload, e.created
-			c.Secrets, c.EndpointFound, c.Enabled = []byte(secrets), true, true
+			events[c.EventID].fill(&c)
+			c.Attempt, c.EndpointFound = 1, true
 			out = append(out, c)
 		}
 		rows.Close()
@@ -211,22 +195,243 @@ func (s *Store) Dispatch(ctx context.Context, owner string, now, leaseUntil time
 	return out, nil
 }
 
+// pendingEvent is an undispatched event read for dispatch.
+type pendingEvent struct {
+	id, tenant, typ, key string
+	version              int
+	payload              []byte
+	created              time.Time
+}
+
+func (e pendingEvent) fill(c *Claimed) {
+	c.EventID, c.Tenant, c.Type, c.Version, c.Payload, c.EventTime, c.OrderingKey = e.id, e.tenant, e.typ, e.version, e.payload, e.created, e.key
+}
+
+// undispatched reads events with query (columns id, tenant, type, version,
+// payload, created_at, and optionally ordering_key), in order.
+func (s *Store) undispatched(ctx context.Context, q Querier, query string, args ...any) (map[string]pendingEvent, []string, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	events := map[string]pendingEvent{}
+	var ids []string
+	for rows.Next() {
+		var e pendingEvent
+		var t Time
+		dest := []any{&e.id, &e.tenant, &e.typ, &e.version, &e.payload, &t}
+		if len(cols) > 6 {
+			dest = append(dest, &e.key)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, nil, err
+		}
+		e.created = t.Time
+		events[e.id] = e
+		ids = append(ids, e.id)
+	}
+	return events, ids, rows.Err()
+}
+
+// Keyed events: deliveries with the same ordering key to the same endpoint
+// are made one at a time, in enqueue order. A keyed event is dispatched
+// only after every earlier event of its key; its delivery to an endpoint is
+// created 'blocked' when an earlier one of the key to that endpoint is
+// unfinished, and the completion of that one unblocks it. On PostgreSQL an
+// advisory lock per tenant and key serialises these steps across relays.
+
+const keyedSelect = `SELECT id, tenant, type, version, payload, created_at, ordering_key FROM txhook_events
+WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL
+ORDER BY created_at, id
+LIMIT ?`
+
+const keyedEarlier = `SELECT count(*) FROM txhook_events
+WHERE tenant = ? AND ordering_key = ? AND dispatched_at IS NULL
+  AND (created_at < ? OR (created_at = ? AND id < ?))`
+
+const keyedMark = `UPDATE txhook_events SET dispatched_at = ? WHERE id = ?`
+
+const keyedInsert = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, ordering_key, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+
+// lockKeys takes the advisory locks of the given tenant/key pairs, in one
+// global order so relays never deadlock. SQLite needs none: the
+// transaction already excludes every other writer.
+func (s *Store) lockKeys(ctx context.Context, q Querier, keys []string) error {
+	if s.Dialect != Postgres || len(keys) == 0 {
+		return nil
+	}
+	_, err := q.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock(h)) FROM (
+    SELECT DISTINCT hashtextextended(k, 7) AS h FROM jsonb_array_elements_text($1::jsonb) k ORDER BY h) s`, jsonStrings(keys))
+	return err
+}
+
+func lockName(tenant, key string) string { return tenant + "\x1f" + key }
+
+// DispatchKeyed fans out up to limit undispatched events that have an
+// ordering key, as Dispatch does, holding back what the order requires.
+func (s *Store) DispatchKeyed(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Claimed, error) {
+	var out []Claimed
+	err := s.Tx(ctx, func(q Querier) error {
+		out = out[:0]
+		sel := keyedSelect
+		if s.Dialect == Postgres {
+			sel += " FOR UPDATE SKIP LOCKED"
+		}
+		events, ids, err := s.undispatched(ctx, q, s.Rebind(sel), limit)
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		keys := make([]string, 0, len(ids))
+		for _, id := range ids {
+			keys = append(keys, lockName(events[id].tenant, events[id].key))
+		}
+		if err := s.lockKeys(ctx, q, keys); err != nil {
+			return err
+		}
+		// Numbered placeholders: the type appears more than once.
+		ph := func(n int) string {
+			if s.Dialect == Postgres {
+				return "$" + strconv.Itoa(n)
+			}
+			return "?" + strconv.Itoa(n)
+		}
+		match := `SELECT ep.id, ` + claimEndpointCols + `, EXISTS (SELECT 1 FROM txhook_deliveries od
+    WHERE od.endpoint_id = ep.id AND od.ordering_key = ` + ph(1) + ` AND od.state IN ('pending', 'running', 'paused', 'blocked'))
+FROM txhook_endpoints ep
+WHERE ep.tenant = ` + ph(2) + ` AND ep.enabled AND ` + s.subscribed(ph(3)) + `
+ORDER BY ep.id`
+		for _, id := range ids {
+			e := events[id]
+			var earlier int
+			if err := q.QueryRowContext(ctx, s.Rebind(keyedEarlier), e.tenant, e.key, s.T(e.created), s.T(e.created), e.id).Scan(&earlier); err != nil {
+				return err
+			}
+			if earlier > 0 {
+				continue // an earlier event of the key goes first
+			}
+			if _, err := q.ExecContext(ctx, s.Rebind(keyedMark), s.T(now), e.id); err != nil {
+				return err
+			}
+			rows, err := q.QueryContext(ctx, match, e.key, e.tenant, e.typ)
+			if err != nil {
+				return err
+			}
+			var cs []Claimed
+			var blocked []bool
+			for rows.Next() {
+				var c Claimed
+				var b bool
+				if err := rows.Scan(append(append([]any{&c.EndpointID}, endpointDest(&c)...), &b)...); err != nil {
+					rows.Close()
+					return err
+				}
+				e.fill(&c)
+				c.Attempt, c.EndpointFound = 1, true
+				cs = append(cs, c)
+				blocked = append(blocked, b)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for i := range cs {
+				state, attempts, next, lease := StateRunning, 1, s.T(leaseUntil), any(owner)
+				if blocked[i] {
+					state, attempts, next, lease = StateBlocked, 0, s.T(now), nil
+				}
+				if err := q.QueryRowContext(ctx, s.Rebind(keyedInsert), e.id, cs[i].EndpointID, state, attempts, next, lease,
+					e.key, s.T(now), s.T(now)).Scan(&cs[i].ID); err != nil {
+					return err
+				}
+				if !blocked[i] {
+					out = append(out, cs[i])
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// OrderedPair names a finished keyed delivery's line: its endpoint and key.
+type OrderedPair struct {
+	Tenant, EndpointID, Key string
+}
+
+// Unblock makes due the next blocked delivery of each pair whose line is
+// free: no delivery of the key to the endpoint pending, running or paused.
+// Completions call it after writing a keyed delivery's final outcome; a
+// sweep calls it for every blocked line, which repairs anything a crash
+// between the two left behind. It returns how many it unblocked.
+func (s *Store) Unblock(ctx context.Context, now time.Time, pairs []OrderedPair) (int, error) {
+	if len(pairs) == 0 {
+		return 0, nil
+	}
+	sort.Slice(pairs, func(i, j int) bool {
+		if pairs[i].EndpointID != pairs[j].EndpointID {
+			return pairs[i].EndpointID < pairs[j].EndpointID
+		}
+		return pairs[i].Key < pairs[j].Key
+	})
+	n := 0
+	err := s.Tx(ctx, func(q Querier) error {
+		n = 0
+		keys := make([]string, len(pairs))
+		for i, p := range pairs {
+			keys[i] = lockName(p.Tenant, p.Key)
+		}
+		if err := s.lockKeys(ctx, q, keys); err != nil {
+			return err
+		}
+		for _, p := range pairs {
+			res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = ?, updated_at = ?
+WHERE id = (SELECT min(id) FROM txhook_deliveries WHERE endpoint_id = ? AND ordering_key = ? AND state = 'blocked')
+  AND NOT EXISTS (SELECT 1 FROM txhook_deliveries WHERE endpoint_id = ? AND ordering_key = ? AND state IN ('pending', 'running', 'paused'))`),
+				s.T(now), s.T(now), p.EndpointID, p.Key, p.EndpointID, p.Key)
+			if err != nil {
+				return err
+			}
+			c, _ := res.RowsAffected()
+			n += int(c)
+		}
+		return nil
+	})
+	return n, err
+}
+
+// BlockedLines returns up to limit lines that have blocked deliveries, for
+// the sweep.
+func (s *Store) BlockedLines(ctx context.Context, limit int) ([]OrderedPair, error) {
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT DISTINCT ep.tenant, d.endpoint_id, d.ordering_key
+FROM txhook_deliveries d JOIN txhook_endpoints ep ON ep.id = d.endpoint_id
+WHERE d.state = 'blocked' AND d.ordering_key IS NOT NULL
+LIMIT ?`), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []OrderedPair
+	for rows.Next() {
+		var p OrderedPair
+		if err := rows.Scan(&p.Tenant, &p.EndpointID, &p.Key); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
 // Claim takes up to limit deliveries due at now for owner, leased until
 // leaseUntil.
 func (s *Store) Claim(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		st := s.stmtFor(ctx, s.DB, pgClaim)
-		var rows *sql.Rows
-		var err error
-		if st != nil {
-			rows, err = st.QueryContext(ctx, s.T(now), limit, owner, s.T(leaseUntil))
-		} else {
-			rows, err = s.DB.QueryContext(ctx, pgClaim, s.T(now), limit, owner, s.T(leaseUntil))
-		}
-		if err != nil {
-			return nil, err
-		}
-		return scanClaimed(rows, limit)
+		return s.queryClaimed(ctx, pgClaim, limit, s.T(now), limit, owner, s.T(leaseUntil))
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {
@@ -256,6 +461,72 @@ func (s *Store) Claim(ctx context.Context, owner string, now, leaseUntil time.Ti
 	return out, nil
 }
 
+// queryClaimed runs a PostgreSQL claim statement, prepared when possible.
+func (s *Store) queryClaimed(ctx context.Context, query string, limit int, args ...any) ([]Claimed, error) {
+	var rows *sql.Rows
+	var err error
+	if st := s.stmtFor(ctx, s.DB, query); st != nil {
+		rows, err = st.QueryContext(ctx, args...)
+	} else {
+		rows, err = s.DB.QueryContext(ctx, query, args...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return scanClaimed(rows, limit)
+}
+
+// endpointDest returns scan destinations for claimEndpointCols that fill c.
+func endpointDest(c *Claimed) []any {
+	return []any{(*nullString)(&c.URL), (*nullBytes)(&c.Secrets), (*nullBool)(&c.Enabled),
+		(*nullFloat)(&c.RateLimit), (*nullInt)(&c.RateBurst), (*nullInt)(&c.MaxInFlight), (*nullBytes)(&c.Versions)}
+}
+
+// Scanners that take NULL as the zero value: a claimed delivery's endpoint
+// may be gone (LEFT JOIN).
+type (
+	nullString string
+	nullBytes  []byte
+	nullBool   bool
+	nullFloat  float64
+	nullInt    int
+)
+
+func (n *nullString) Scan(v any) error {
+	var x sql.NullString
+	err := x.Scan(v)
+	*n = nullString(x.String)
+	return err
+}
+
+func (n *nullBytes) Scan(v any) error {
+	var x sql.NullString
+	err := x.Scan(v)
+	*n = nullBytes(x.String)
+	return err
+}
+
+func (n *nullBool) Scan(v any) error {
+	var x sql.NullBool
+	err := x.Scan(v)
+	*n = nullBool(x.Bool)
+	return err
+}
+
+func (n *nullFloat) Scan(v any) error {
+	var x sql.NullFloat64
+	err := x.Scan(v)
+	*n = nullFloat(x.Float64)
+	return err
+}
+
+func (n *nullInt) Scan(v any) error {
+	var x sql.NullInt64
+	err := x.Scan(v)
+	*n = nullInt(x.Int64)
+	return err
+}
+
 func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 	defer rows.Close()
 	out := make([]Claimed, 0, min(limit, 64))
@@ -263,18 +534,16 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		var c Claimed
 		var prev string
 		var et Time
-		var url, secrets sql.NullString
-		var enabled sql.NullBool
-		if err := rows.Scan(&c.ID, &c.Attempt, &prev, &c.EventID, &c.Tenant, &c.Type, &c.Payload, &et,
-			&c.EndpointID, &url, &secrets, &enabled); err != nil {
+		var key sql.NullString
+		dest := append([]any{&c.ID, &c.Attempt, &prev, &c.EventID, &c.Tenant, &c.Type, &c.Version, &c.Payload, &et,
+			&c.EndpointID, &key}, endpointDest(&c)...)
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		c.LeaseLapsed = prev == "running"
+		c.LeaseLapsed = prev == StateRunning
 		c.EventTime = et.Time
-		c.EndpointFound = url.Valid
-		c.URL = url.String
-		c.Secrets = []byte(secrets.String)
-		c.Enabled = enabled.Bool
+		c.OrderingKey = key.String
+		c.EndpointFound = c.URL != ""
 		out = append(out, c)
 	}
 	return out, rows.Err()

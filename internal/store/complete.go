@@ -13,6 +13,7 @@ const (
 	StateSucceeded = "succeeded"
 	StateDead      = "dead"
 	StatePaused    = "paused"
+	StateBlocked   = "blocked"
 )
 
 // Completion is what a relay writes back for one claimed delivery.

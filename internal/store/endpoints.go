@@ -17,26 +17,32 @@ type EndpointRow struct {
 	Secrets        []byte // JSON array
 	Enabled        bool
 	DisabledReason string
+	RateLimit      float64
+	RateBurst      int
+	MaxInFlight    int
+	Versions       []byte // JSON object
+	FailingSince   time.Time
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 }
 
-const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, created_at, updated_at`
+const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, rate_limit, rate_burst, max_in_flight, versions, failing_since, created_at, updated_at`
 
 // InsertEndpoint writes a new endpoint.
 func (s *Store) InsertEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
 	_, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO txhook_endpoints (`+endpointColumns+`)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)`),
 		e.ID, e.Tenant, e.URL, e.Description, string(e.EventTypes), string(e.Secrets), e.Enabled,
-		e.DisabledReason, s.T(e.CreatedAt), s.T(e.UpdatedAt))
+		e.DisabledReason, e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions), s.T(e.CreatedAt), s.T(e.UpdatedAt))
 	return err
 }
 
 // UpdateEndpoint overwrites the mutable columns of an endpoint.
 func (s *Store) UpdateEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
 	res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints
-SET url = ?, description = ?, event_types = ?, secrets = ?, updated_at = ?
-WHERE id = ?`), e.URL, e.Description, string(e.EventTypes), string(e.Secrets), s.T(e.UpdatedAt), e.ID)
+SET url = ?, description = ?, event_types = ?, rate_limit = ?, rate_burst = ?, max_in_flight = ?, versions = ?, updated_at = ?
+WHERE id = ?`), e.URL, e.Description, string(e.EventTypes), e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions),
+		s.T(e.UpdatedAt), e.ID)
 	return oneRow(res, err)
 }
 
@@ -117,14 +123,14 @@ func scanEndpoints(rows *sql.Rows) ([]EndpointRow, error) {
 	var out []EndpointRow
 	for rows.Next() {
 		var e EndpointRow
-		var c, u Time
-		var types, secrets string
+		var c, u, f Time
+		var types, secrets, versions string
 		if err := rows.Scan(&e.ID, &e.Tenant, &e.URL, &e.Description, &types, &secrets, &e.Enabled,
-			&e.DisabledReason, &c, &u); err != nil {
+			&e.DisabledReason, &e.RateLimit, &e.RateBurst, &e.MaxInFlight, &versions, &f, &c, &u); err != nil {
 			return nil, err
 		}
-		e.EventTypes, e.Secrets = []byte(types), []byte(secrets)
-		e.CreatedAt, e.UpdatedAt = c.Time, u.Time
+		e.EventTypes, e.Secrets, e.Versions = []byte(types), []byte(secrets), []byte(versions)
+		e.FailingSince, e.CreatedAt, e.UpdatedAt = f.Time, c.Time, u.Time
 		out = append(out, e)
 	}
 	return out, rows.Err()
@@ -172,4 +178,11 @@ func (s *Store) ModifySecrets(ctx context.Context, id string, now time.Time, fn 
 		_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET secrets = ?, updated_at = ? WHERE id = ?`), string(next), s.T(now), id)
 		return err
 	})
+}
+
+func versionsJSON(b []byte) string {
+	if len(b) == 0 {
+		return "{}"
+	}
+	return string(b)
 }

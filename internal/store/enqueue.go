@@ -14,6 +14,8 @@ type NewEvent struct {
 	Type           string
 	Payload        string
 	IdempotencyKey string // "" for none
+	Version        int
+	OrderingKey    string // "" for none
 	CreatedAt      time.Time
 }
 
@@ -25,15 +27,15 @@ const WakeChannel = "txhook_wake"
 // commit, never before. One statement: one round trip in the caller's
 // transaction.
 const pgEnqueue = `WITH ev AS (
-    INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at, version, ordering_key)
+    VALUES ($1, $2, $3, $4, $5, $6, $8, $9)
     ON CONFLICT DO NOTHING
     RETURNING id
 )
 SELECT ev.id, (SELECT count(*) FROM (SELECT pg_notify('` + WakeChannel + `', '') WHERE $7::boolean) w) FROM ev`
 
-const sqliteEnqueue = `INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at)
-VALUES (?, ?, ?, ?, ?, ?)
+const sqliteEnqueue = `INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at, version, ordering_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING`
 
 const existingEvent = `SELECT id FROM txhook_events WHERE id = ? OR (tenant = ? AND idempotency_key = ?)`
@@ -51,12 +53,18 @@ func (s *Store) EnqueueQueries() []string {
 // written and that event's ID is returned with inserted false. notified
 // reports whether a PostgreSQL wake-up was queued.
 func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify bool) (id string, inserted, notified bool, err error) {
-	var key any
+	var key, okey any
 	if ev.IdempotencyKey != "" {
 		key = ev.IdempotencyKey
 	}
+	if ev.OrderingKey != "" {
+		okey = ev.OrderingKey
+	}
+	if ev.Version < 1 {
+		ev.Version = 1
+	}
 	if s.Dialect == Postgres {
-		args := []any{ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), notify}
+		args := []any{ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), notify, ev.Version, okey}
 		var sent int
 		err = s.queryRow(ctx, q, pgEnqueue, args...).Scan(&id, &sent)
 		if isForeignStmt(err) {
@@ -69,7 +77,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 			return "", false, false, err
 		}
 	} else {
-		res, err := s.exec(ctx, q, sqliteEnqueue, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt))
+		res, err := s.exec(ctx, q, sqliteEnqueue, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
 		if err != nil {
 			return "", false, false, err
 		}

@@ -21,7 +21,7 @@ const (
 
 // unfinishedStates are the states of deliveries that count as backlog:
 // waiting, in flight, or held while their endpoint is disabled.
-const unfinishedStates = `'pending', 'running', 'paused'`
+const unfinishedStates = `'pending', 'running', 'paused', 'blocked'`
 
 // HealthStats are one endpoint's numbers over a window [since, until).
 type HealthStats struct {

@@ -111,7 +111,7 @@ func TestCollectorFollowsARelay(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(c)
 
-		relay, err := ob.NewRelay(outbox.RelayConfig{Retry: retry.Intervals(10 * time.Millisecond), OnAttempt: c.Observe})
+		relay, err := ob.NewRelay(outbox.RelayConfig{Retry: retry.Intervals(10 * time.Millisecond), OnAttempt: c.Observe, BreakerThreshold: -1})
 		if err != nil {
 			t.Fatal(err)
 		}

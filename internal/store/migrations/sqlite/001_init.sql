@@ -11,6 +11,10 @@ CREATE TABLE txhook_endpoints (
     event_types     TEXT    NOT NULL DEFAULT '[]' CHECK (json_valid(event_types)),
     secrets         TEXT    NOT NULL CHECK (json_valid(secrets)),
     enabled         INTEGER NOT NULL DEFAULT 1,
+    rate_limit      REAL    NOT NULL DEFAULT 0,
+    rate_burst      INTEGER NOT NULL DEFAULT 0,
+    max_in_flight   INTEGER NOT NULL DEFAULT 0,
+    versions        TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(versions)),
     disabled_reason TEXT    NOT NULL DEFAULT '',
     failing_since   INTEGER,
     created_at      INTEGER NOT NULL,
@@ -24,13 +28,19 @@ CREATE TABLE txhook_events (
     type            TEXT    NOT NULL,
     payload         TEXT    NOT NULL,
     idempotency_key TEXT,
+    version         INTEGER NOT NULL DEFAULT 1,
+    ordering_key    TEXT,
     created_at      INTEGER NOT NULL,
     dispatched_at   INTEGER
 );
 CREATE UNIQUE INDEX txhook_events_idempotency ON txhook_events (tenant, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX txhook_events_undispatched ON txhook_events (created_at)
-    WHERE dispatched_at IS NULL;
+    WHERE dispatched_at IS NULL AND ordering_key IS NULL;
+CREATE INDEX txhook_events_undispatched_keyed ON txhook_events (created_at)
+    WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL;
+CREATE INDEX txhook_events_undispatched_by_key ON txhook_events (tenant, ordering_key, created_at)
+    WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL;
 CREATE INDEX txhook_events_dispatched ON txhook_events (dispatched_at)
     WHERE dispatched_at IS NOT NULL;
 
@@ -38,7 +48,8 @@ CREATE TABLE txhook_deliveries (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     event_id        TEXT    NOT NULL,
     endpoint_id     TEXT    NOT NULL,
-    state           TEXT    NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'dead', 'paused')),
+    state           TEXT    NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'dead', 'paused', 'blocked')),
+    ordering_key    TEXT,
     attempts        INTEGER NOT NULL DEFAULT 0,
     next_attempt_at INTEGER NOT NULL,
     lease_owner     TEXT,
@@ -51,6 +62,8 @@ CREATE INDEX txhook_deliveries_due ON txhook_deliveries (next_attempt_at)
     WHERE state IN ('pending', 'running');
 CREATE INDEX txhook_deliveries_event ON txhook_deliveries (event_id);
 CREATE INDEX txhook_deliveries_endpoint ON txhook_deliveries (endpoint_id, state);
+CREATE INDEX txhook_deliveries_ordered ON txhook_deliveries (endpoint_id, ordering_key, id)
+    WHERE ordering_key IS NOT NULL AND state IN ('pending', 'running', 'paused', 'blocked');
 CREATE INDEX txhook_deliveries_finished ON txhook_deliveries (updated_at)
     WHERE state IN ('succeeded', 'dead');
 
