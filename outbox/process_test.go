@@ -21,6 +21,7 @@ import (
 
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/outbox"
+	"github.com/txhook/txhook/retry"
 )
 
 // The test binary doubles as a relay process: with TXHOOK_TEST_CHILD=relay
@@ -55,8 +56,13 @@ func runChildRelay() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	r, err := ob.NewRelay(outbox.RelayConfig{Lease: lease, Timeout: timeout, Concurrency: conc,
-		EndpointConcurrency: conc, ID: os.Getenv("TXHOOK_CHILD_ID")})
+	rcfg := outbox.RelayConfig{Lease: lease, Timeout: timeout, Concurrency: conc,
+		EndpointConcurrency: conc, ID: os.Getenv("TXHOOK_CHILD_ID")}
+	if os.Getenv("TXHOOK_CHILD_FAST_RETRY") == "1" {
+		rcfg.Retry = fastRetry()
+		rcfg.BreakerCooldown = 50 * time.Millisecond
+	}
+	r, err := ob.NewRelay(rcfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -85,11 +91,18 @@ type child struct {
 	succeeded chan int // the SUCCEEDED count printed at a graceful exit
 }
 
+// fastRetry retries every few milliseconds, for tests that fail on purpose.
+func fastRetry() retry.Policy { return fastRetryAttempts(1000) }
+
+func fastRetryAttempts(n int) retry.Policy {
+	return retry.Exponential{Base: 5 * time.Millisecond, Factor: 2, Cap: 100 * time.Millisecond, Attempts: n}
+}
+
 // startRelayProcess starts a relay subprocess and waits until it runs.
-func startRelayProcess(t *testing.T, db *testdb.DB, id string, lease, timeout time.Duration, conc int) *child {
+func startRelayProcess(t *testing.T, db *testdb.DB, id string, lease, timeout time.Duration, conc int, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(append(os.Environ(), env...),
 		"TXHOOK_TEST_CHILD=relay",
 		"TXHOOK_CHILD_DRIVER="+db.Backend.Driver,
 		"TXHOOK_CHILD_DSN="+db.DSN,
