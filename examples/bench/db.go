@@ -48,7 +48,7 @@ func newSchema(ctx context.Context, base, driver string, conns int, obCfg outbox
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	s := &pgSchema{name: name, base: base}
-	if s.dsn, err = withSearchPath(base, name); err != nil {
+	if s.dsn, err = withParams(base, map[string]string{"search_path": name, "application_name": name}); err != nil {
 		s.drop()
 		return nil, err
 	}
@@ -91,20 +91,25 @@ func (s *pgSchema) drop() {
 	_, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+s.name+" CASCADE")
 }
 
-// withSearchPath adds search_path to a URL or key=value DSN; lib/pq and pgx
-// both pass it to the server as a run-time parameter.
-func withSearchPath(dsn, schema string) (string, error) {
+// withParams adds run-time parameters (search_path, application_name) to a
+// URL or key=value DSN; lib/pq and pgx both pass them to the server.
+func withParams(dsn string, params map[string]string) (string, error) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
 			return "", fmt.Errorf("bad DSN: %w", err)
 		}
 		q := u.Query()
-		q.Set("search_path", schema)
+		for k, v := range params {
+			q.Set(k, v)
+		}
 		u.RawQuery = q.Encode()
 		return u.String(), nil
 	}
-	return dsn + " search_path=" + schema, nil
+	for k, v := range params {
+		dsn += " " + k + "=" + v
+	}
+	return dsn, nil
 }
 
 // sqliteDB is a fresh SQLite file, migrated.

@@ -76,28 +76,40 @@ func runTxLoop(ctx context.Context, db *sql.DB, conns int, d time.Duration, fn f
 func partEnqueue(ctx context.Context, cfg config, rep *report, p *progress) error {
 	var detail strings.Builder
 	for _, driver := range cfg.EnqueueDrivers {
-		s, err := newSchema(ctx, cfg.DSN, driver, cfg.EnqueueConns, outbox.Config{})
+		s, err := newSchema(ctx, cfg.DSN, driver, cfg.EnqueueConns, outbox.Config{NotifyInterval: cfg.NotifyInterval})
 		if err != nil {
 			return err
 		}
-		plainRates, enqRates, ratios, err := enqueueRounds(ctx, cfg, s, p, driver)
+		res, err := enqueueRounds(ctx, cfg, s, p, driver)
 		s.drop()
 		if err != nil {
 			return fmt.Errorf("%s: %w", driverName(driver), err)
 		}
-		r := median(ratios)
+		r := median(res.ratios)
 		rep.add(row{
 			Part:     fmt.Sprintf("Enqueue, %s, %d connections (tx/s)", driverName(driver), cfg.EnqueueConns),
-			Value:    rate(median(enqRates)),
-			Baseline: rate(median(plainRates)) + " (plain INSERT)",
+			Value:    rate(median(res.enq)),
+			Baseline: rate(median(res.plain)) + " (plain INSERT)",
 			Ratio:    ratio(r),
 			Target:   "≥ 0.85×",
 			Verdict:  verdict(r >= 0.85),
 		})
+		if len(res.cpuEnq) > 0 {
+			rep.add(row{
+				Part:     fmt.Sprintf("… CPU per transaction, %s: this process + its PostgreSQL backends (µs; ratio = plain/Enqueue)", driverName(driver)),
+				Value:    fmt.Sprintf("%.0f", median(res.cpuEnq)),
+				Baseline: fmt.Sprintf("%.0f (plain INSERT)", median(res.cpuPlain)),
+				Ratio:    ratio(median(res.cpuPlain) / median(res.cpuEnq)),
+			})
+		}
 		fmt.Fprintf(&detail, "%s: %d rounds of %s per arm\n  plain   tx/s: %s\n  enqueue tx/s: %s\n  ratio:        ",
-			driverName(driver), len(ratios), cfg.EnqueueRound, rates(plainRates), rates(enqRates))
-		for _, x := range ratios {
+			driverName(driver), len(res.ratios), cfg.EnqueueRound, rates(res.plain), rates(res.enq))
+		for _, x := range res.ratios {
 			fmt.Fprintf(&detail, "%.2f ", x)
+		}
+		if len(res.cpuEnq) > 0 {
+			fmt.Fprintf(&detail, "\n  CPU µs/tx, client + server: plain %s, enqueue %s",
+				cpuList(res.cpuPlainC, res.cpuPlain), cpuList(res.cpuEnqC, res.cpuEnq))
 		}
 		detail.WriteString("\n")
 	}
@@ -105,10 +117,25 @@ func partEnqueue(ctx context.Context, cfg config, rep *report, p *progress) erro
 	return nil
 }
 
-func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, driver string) (plainRates, enqRates, ratios []float64, err error) {
+// enqueueResult holds the per-round figures of one driver.
+type enqueueResult struct {
+	plain, enq, ratios []float64 // tx/s, and enqueue/plain per round
+	cpuPlain, cpuEnq   []float64 // µs of CPU per transaction, client + server
+	cpuPlainC, cpuEnqC []float64 // of which client
+}
+
+func cpuList(client, total []float64) string {
+	s := make([]string, len(total))
+	for i := range total {
+		s[i] = fmt.Sprintf("%.0f+%.0f", client[i], total[i]-client[i])
+	}
+	return strings.Join(s, " ")
+}
+
+func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, driver string) (res enqueueResult, err error) {
 	for _, q := range []string{paymentsDDL, plainOutboxDDL} {
 		if _, err := s.db.ExecContext(ctx, q); err != nil {
-			return nil, nil, nil, err
+			return res, err
 		}
 	}
 	tenant := "merchant_bench"
@@ -126,39 +153,53 @@ func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, dr
 		_, err := s.ob.Enqueue(ctx, tx, outbox.Event{Tenant: tenant, Type: "payment.succeeded", Payload: benchPayload})
 		return err
 	}
-	arm := func(name string, fn func(*sql.Tx, int64) error, d time.Duration) (float64, error) {
+	// arm returns tx/s and, when it can be measured, µs of CPU per
+	// transaction (total and client side).
+	arm := func(name string, fn func(*sql.Tx, int64) error, d time.Duration) (float64, float64, float64, error) {
+		m := startCPU(ctx, s.db, s.name)
 		n, err := runTxLoop(ctx, s.db, cfg.EnqueueConns, d, fn)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", name, err)
+			return 0, 0, 0, fmt.Errorf("%s: %w", name, err)
 		}
-		return float64(n) / d.Seconds(), nil
+		client, server, ok := m.stop(ctx)
+		if !ok || n == 0 {
+			return float64(n) / d.Seconds(), -1, -1, nil
+		}
+		return float64(n) / d.Seconds(), (client + server) * 1e6 / float64(n), client * 1e6 / float64(n), nil
 	}
 	// Warm-up: connections, prepared statements, caches.
 	warm := max(cfg.EnqueueRound/3, 200*time.Millisecond)
-	if _, err := arm("plain", plain, warm); err != nil {
-		return nil, nil, nil, err
+	if _, _, _, err := arm("plain", plain, warm); err != nil {
+		return res, err
 	}
-	if _, err := arm("enqueue", enq, warm); err != nil {
-		return nil, nil, nil, err
+	if _, _, _, err := arm("enqueue", enq, warm); err != nil {
+		return res, err
 	}
+	cpuOK := true
 	for round := range cfg.EnqueueRounds {
-		var pr, er float64
+		var pr, er, pc, ec, pcc, ecc float64
 		var err error
 		if round%2 == 0 {
-			if pr, err = arm("plain", plain, cfg.EnqueueRound); err == nil {
-				er, err = arm("enqueue", enq, cfg.EnqueueRound)
+			if pr, pc, pcc, err = arm("plain", plain, cfg.EnqueueRound); err == nil {
+				er, ec, ecc, err = arm("enqueue", enq, cfg.EnqueueRound)
 			}
 		} else {
-			if er, err = arm("enqueue", enq, cfg.EnqueueRound); err == nil {
-				pr, err = arm("plain", plain, cfg.EnqueueRound)
+			if er, ec, ecc, err = arm("enqueue", enq, cfg.EnqueueRound); err == nil {
+				pr, pc, pcc, err = arm("plain", plain, cfg.EnqueueRound)
 			}
 		}
 		if err != nil {
-			return nil, nil, nil, err
+			return res, err
 		}
-		plainRates, enqRates, ratios = append(plainRates, pr), append(enqRates, er), append(ratios, er/pr)
-		p.logf("enqueue %s round %d/%d: plain %s tx/s, enqueue %s tx/s, ratio %.2f",
-			driverName(driver), round+1, cfg.EnqueueRounds, rate(pr), rate(er), er/pr)
+		res.plain, res.enq, res.ratios = append(res.plain, pr), append(res.enq, er), append(res.ratios, er/pr)
+		cpuOK = cpuOK && pc > 0 && ec > 0
+		res.cpuPlain, res.cpuEnq = append(res.cpuPlain, pc), append(res.cpuEnq, ec)
+		res.cpuPlainC, res.cpuEnqC = append(res.cpuPlainC, pcc), append(res.cpuEnqC, ecc)
+		p.logf("enqueue %s round %d/%d: plain %s tx/s, enqueue %s tx/s, ratio %.2f; CPU µs/tx plain %.0f, enqueue %.0f",
+			driverName(driver), round+1, cfg.EnqueueRounds, rate(pr), rate(er), er/pr, pc, ec)
 	}
-	return plainRates, enqRates, ratios, nil
+	if !cpuOK {
+		res.cpuPlain, res.cpuEnq, res.cpuPlainC, res.cpuEnqC = nil, nil, nil, nil
+	}
+	return res, nil
 }

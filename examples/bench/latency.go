@@ -55,7 +55,9 @@ func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 
 func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *progress) (latencyResult, error) {
 	res := latencyResult{rate: perSec}
-	s, err := newSchema(ctx, cfg.DSN, "pgx", latencyWorkers+8, localOutbox())
+	obCfg := localOutbox()
+	obCfg.NotifyInterval = cfg.NotifyInterval
+	s, err := newSchema(ctx, cfg.DSN, "pgx", latencyWorkers+8, obCfg)
 	if err != nil {
 		return res, err
 	}

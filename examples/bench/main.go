@@ -78,6 +78,10 @@ type config struct {
 	SQLiteRounds int
 
 	SignerBenchtime time.Duration
+
+	Revision string // the txhook revision measured, for the report
+
+	NotifyInterval time.Duration // Config.NotifyInterval for enqueue and latency; 0 is the default
 }
 
 func defaultConfig() config {
@@ -141,6 +145,8 @@ func main() {
 	flag.IntVar(&cfg.SQLiteConc, "sqlite-conc", cfg.SQLiteConc, "sqlite: requests in flight")
 	flag.IntVar(&cfg.SQLiteRounds, "sqlite-rounds", cfg.SQLiteRounds, "sqlite: rounds (alternating with the bare loop)")
 	flag.DurationVar(&cfg.SignerBenchtime, "signer-benchtime", cfg.SignerBenchtime, "signer: time per micro-benchmark")
+	flag.DurationVar(&cfg.NotifyInterval, "notify-interval", 0, "Config.NotifyInterval for the enqueue and latency parts (0: the default; negative: no NOTIFY)")
+	flag.StringVar(&cfg.Revision, "revision", "", "txhook revision to name in the report (default: asked of git)")
 	flag.Parse()
 
 	var err error

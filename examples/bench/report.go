@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"os/exec"
 	"runtime"
 	"sort"
 	"strings"
@@ -184,11 +185,30 @@ func machineInfo(ctx context.Context, cfg config) []string {
 	}
 	out = append(out, "OS: "+osName)
 	out = append(out, "Go: "+runtime.Version())
+	rev := cfg.Revision
+	if rev == "" {
+		rev = gitRevision(ctx)
+	}
+	out = append(out, "txhook: "+rev)
 	if cfg.DSN != "" {
 		out = append(out, "PostgreSQL: "+pgDescription(ctx, cfg.DSN))
 	}
 	out = append(out, "SQLite: "+sqliteVersion(ctx)+" (mattn/go-sqlite3), a file in "+os.TempDir())
 	return out
+}
+
+// gitRevision names the checked-out commit, and says so when the library's
+// files differ from it.
+func gitRevision(ctx context.Context) string {
+	b, err := exec.CommandContext(ctx, "git", "log", "-1", "--format=%h %s").Output()
+	if err != nil {
+		return "unknown revision (not a git checkout)"
+	}
+	rev := strings.TrimSpace(string(b))
+	if st, err := exec.CommandContext(ctx, "git", "status", "--porcelain", "--", "outbox", "internal", "signer", "retry", "go.mod").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		rev += " (with uncommitted changes to the library)"
+	}
+	return "commit " + rev
 }
 
 func pgDescription(ctx context.Context, dsn string) string {

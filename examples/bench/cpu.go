@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// On a shared machine throughput swings with the neighbours' load, but the
+// CPU a transaction costs does not: cpuMeter adds up the CPU time of this
+// process and of the PostgreSQL backends serving a pool, from /proc.
+type cpuMeter struct {
+	db      *sql.DB
+	appName string
+	self    int64
+	backend map[int]int64 // pid -> ticks at start
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// procTicks returns utime+stime of pid in clock ticks, or -1.
+func procTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// Fields after the command name, which is in parentheses and may
+	// contain spaces: state is field 3, utime 14, stime 15.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return -1
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return u + st
+}
+
+// backends returns the PIDs of the server processes of connections named
+// appName (on a server on this machine).
+func backends(ctx context.Context, db *sql.DB, appName string) ([]int, error) {
+	rows, err := db.QueryContext(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, appName)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var pid int
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		out = append(out, pid)
+	}
+	return out, rows.Err()
+}
+
+func startCPU(ctx context.Context, db *sql.DB, appName string) *cpuMeter {
+	m := &cpuMeter{db: db, appName: appName, self: procTicks(os.Getpid()), backend: map[int]int64{}}
+	pids, _ := backends(ctx, db, appName)
+	for _, pid := range pids {
+		m.backend[pid] = procTicks(pid)
+	}
+	return m
+}
+
+// stop returns the CPU seconds this process and the pool's backends used
+// since startCPU; ok is false when /proc or the backends could not be read
+// (a server on another machine).
+func (m *cpuMeter) stop(ctx context.Context) (client, server float64, ok bool) {
+	self := procTicks(os.Getpid())
+	pids, err := backends(ctx, m.db, m.appName)
+	if err != nil || self < 0 || m.self < 0 {
+		return 0, 0, false
+	}
+	var ticks int64
+	for _, pid := range pids {
+		t := procTicks(pid)
+		if t < 0 {
+			return 0, 0, false
+		}
+		ticks += t - m.backend[pid] // a backend started meanwhile counts from 0
+	}
+	return float64(self-m.self) / clockTicks, float64(ticks) / clockTicks, len(pids) > 0
+}
