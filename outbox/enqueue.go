@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -89,7 +90,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 	}
 	notify := false
 	if o.st.Dialect == store.Postgres && o.cfg.NotifyInterval > 0 {
-		notify = now.UnixNano()-o.lastNotify.Load() >= int64(o.cfg.NotifyInterval)
+		// Real time, not Config.Clock: this paces NOTIFYs, a load matter.
+		notify = time.Now().UnixNano()-o.lastNotify.Load() >= int64(o.cfg.NotifyInterval)
 	}
 	id, inserted, notified, err := o.st.InsertEvent(ctx, tx, store.NewEvent{
 		ID:             ev.ID,
@@ -105,7 +107,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 		return "", fmt.Errorf("txhook: enqueue: %w", err)
 	}
 	if notified {
-		o.lastNotify.Store(now.UnixNano())
+		o.lastNotify.Store(time.Now().UnixNano())
 	}
 	if inserted && o.st.Dialect == store.SQLite {
 		o.st.WakeLocal()

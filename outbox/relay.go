@@ -326,7 +326,9 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 	// An event fans out to several deliveries, so one claim can overshoot n.
 	capacity := int64(r.cfg.Concurrency + r.cfg.BatchSize)
 	delay := time.Duration(0)
-	timer := r.clock.NewTimer(time.Hour)
+	// Polling runs on real time even under a fake Config.Clock: it paces
+	// queries, it does not decide what is due (the claim's now does).
+	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	errBackoff := 50 * time.Millisecond
 	for {
@@ -370,7 +372,7 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 		case <-r.wakeCh:
 			timer.Stop()
 			delay = 0
-		case <-timer.C():
+		case <-timer.C:
 		}
 	}
 }

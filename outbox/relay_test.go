@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -160,6 +162,62 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 		}
 		if n, _ := q.Count(b.ctx, dlq.Filter{}); n != 0 {
 			t.Fatalf("dead letters after replay = %d", n)
+		}
+	})
+}
+
+func TestRetryAfterIsHonouredWithinBounds(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+		fake := clock.NewFake(start)
+		b := setup(t, db, outbox.Config{Clock: fake})
+		rc := newReceiver(t, func(n int, r *http.Request) int { return http.StatusOK })
+		hints := map[string]string{"/soon": "1", "/later": "120", "/forever": "99999999", "/date": start.Add(300 * time.Second).Format(http.TimeFormat)}
+		statuses := map[string]int{"/soon": 429, "/later": 503, "/forever": 429, "/date": 503, "/ignored": 500}
+		rc.status = func(n int, r *http.Request) int { return statuses[r.URL.Path] }
+		hinted := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if h, ok := hints[r.URL.Path]; ok {
+				w.Header().Set("Retry-After", h)
+			}
+			if r.URL.Path == "/ignored" {
+				w.Header().Set("Retry-After", "600") // not 429 or 503: the policy decides
+			}
+			w.WriteHeader(statuses[r.URL.Path])
+		}))
+		t.Cleanup(hinted.Close)
+		policy := retry.Default()
+		policy.Jitter = 0
+		b.relay(outbox.RelayConfig{Retry: policy, MaxRetryAfter: time.Hour})
+		want := map[string]time.Duration{
+			"/soon":    10 * time.Second,  // never sooner than the policy
+			"/later":   120 * time.Second, // the receiver's wish
+			"/forever": time.Hour,         // capped by MaxRetryAfter
+			"/date":    300 * time.Second, // an HTTP-date works too
+			"/ignored": 10 * time.Second,
+		}
+		eps := map[string]string{}
+		for path := range want {
+			tenant := strings.TrimPrefix(path, "/")
+			eps[b.endpoint(tenant, hinted.URL+path).ID] = path
+			b.enqueue(outbox.Event{Tenant: tenant, Type: "a", Payload: []byte(`{}`)})
+		}
+		b.eventually("first attempts recorded", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending' AND attempts = 1") == len(want)
+		})
+		rows, err := db.QueryContext(b.ctx, "SELECT endpoint_id, next_attempt_at FROM txhook_deliveries")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			var next store_time
+			if err := rows.Scan(&id, &next); err != nil {
+				t.Fatal(err)
+			}
+			if got := next.Sub(start); got != want[eps[id]] {
+				t.Errorf("%s: next attempt after %v, want %v", eps[id], got, want[eps[id]])
+			}
 		}
 	})
 }
