@@ -131,16 +131,14 @@ func (r *Relay) ID() string { return r.cfg.ID }
 // context would.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.started {
-		r.mu.Unlock()
 		return ErrRelayStarted
 	}
-	r.started = true
-	r.mu.Unlock()
-
 	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
 		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)
 	}
+	r.started = true
 
 	bg, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.bgCancel = bgCancel
@@ -338,7 +336,6 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-r.freed:
-				// Pass the signal on: Stop may be waiting on it too.
 				continue
 			}
 		}
