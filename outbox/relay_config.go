@@ -191,43 +191,21 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Retry == nil {
 		c.Retry = retry.Default()
 	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
+	setDefault(&c.Concurrency, DefaultConcurrency)
 	if c.EndpointConcurrency == 0 {
 		c.EndpointConcurrency = max(1, c.Concurrency/2)
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnect
-	}
-	if c.MaxRedirects == 0 {
-		c.MaxRedirects = DefaultMaxRedirects
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponse
-	}
-	if c.MaxRetryAfter == 0 {
-		c.MaxRetryAfter = DefaultMaxRetryAfter
-	}
-	if c.DisableAfter == 0 {
-		c.DisableAfter = DefaultDisableAfter
-	}
+	setDefault(&c.BatchSize, DefaultBatchSize)
+	setDefault(&c.Lease, DefaultLease)
+	setDefault(&c.PollInterval, DefaultPollInterval)
+	setDefault(&c.Timeout, DefaultTimeout)
+	setDefault(&c.ConnectTimeout, DefaultConnect)
+	setDefault(&c.MaxRedirects, DefaultMaxRedirects)
+	setDefault(&c.MaxResponseBytes, DefaultMaxResponse)
+	setDefault(&c.MaxRetryAfter, DefaultMaxRetryAfter)
+	setDefault(&c.DisableAfter, DefaultDisableAfter)
 	c.Retention = c.Retention.withDefaults()
-	if c.BreakerThreshold == 0 {
-		c.BreakerThreshold = DefaultBreakerThreshold
-	}
+	setDefault(&c.BreakerThreshold, DefaultBreakerThreshold)
 	if c.BreakerCooldown <= 0 {
 		c.BreakerCooldown = DefaultBreakerCooldown
 	}
@@ -268,3 +246,11 @@ func (c RelayConfig) validate() error {
 }
 
 func (o *Outbox) relayLogger() *slog.Logger { return o.log.With("component", "txhook.relay") }
+
+// setDefault sets *v to d when it is the zero value.
+func setDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}
