@@ -78,9 +78,10 @@ func fillDeliveries(ctx context.Context, db *sql.DB, p *progress, endpoint, pref
 // statements returns the relay's dispatch and retry claim statements.
 func statements(st *store.Store) (dispatch, claim string) {
 	for _, q := range st.ClaimQueries() {
-		if strings.Contains(q, "INSERT INTO txhook_deliveries") {
+		switch {
+		case strings.Contains(q, "INSERT INTO txhook_deliveries"):
 			dispatch = q
-		} else {
+		case strings.Contains(q, "FROM due"):
 			claim = q
 		}
 	}

@@ -68,6 +68,9 @@ func backends(ctx context.Context, db *sql.DB, appName string) ([]int, error) {
 
 func startCPU(ctx context.Context, db *sql.DB, appName string) *cpuMeter {
 	m := &cpuMeter{db: db, appName: appName, self: procTicks(os.Getpid()), backend: map[int]int64{}}
+	if db == nil {
+		return m
+	}
 	pids, _ := backends(ctx, db, appName)
 	for _, pid := range pids {
 		m.backend[pid] = procTicks(pid)
@@ -77,11 +80,17 @@ func startCPU(ctx context.Context, db *sql.DB, appName string) *cpuMeter {
 
 // stop returns the CPU seconds this process and the pool's backends used
 // since startCPU; ok is false when /proc or the backends could not be read
-// (a server on another machine).
+// (a server on another machine). With a nil pool only this process counts.
 func (m *cpuMeter) stop(ctx context.Context) (client, server float64, ok bool) {
 	self := procTicks(os.Getpid())
+	if self < 0 || m.self < 0 {
+		return 0, 0, false
+	}
+	if m.db == nil {
+		return float64(self-m.self) / clockTicks, 0, true
+	}
 	pids, err := backends(ctx, m.db, m.appName)
-	if err != nil || self < 0 || m.self < 0 {
+	if err != nil {
 		return 0, 0, false
 	}
 	var ticks int64

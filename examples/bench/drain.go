@@ -14,43 +14,97 @@ import (
 // concurrency.
 var drainTargets = map[int]float64{16: 7000, 100: 12000}
 
+// drainResult is one timed drain: deliveries (or requests) per second and
+// the CPU each cost, in µs, in this process (relay or bare loop, and the
+// receiver) and in the PostgreSQL backends of the pool (0 for the bare loop
+// and SQLite; negative when unknown).
+type drainResult struct {
+	rate, clientUS, serverUS float64
+}
+
+func drainRates(rs []drainResult) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = r.rate
+	}
+	return out
+}
+
+// cpuSummary renders the median CPU per delivery of rs, or "".
+func cpuSummary(rs []drainResult, server bool) string {
+	var c, sv []float64
+	for _, r := range rs {
+		if r.clientUS < 0 || r.serverUS < 0 {
+			return ""
+		}
+		c, sv = append(c, r.clientUS), append(sv, r.serverUS)
+	}
+	if server {
+		return fmt.Sprintf("%.0f + %.0f", median(c), median(sv))
+	}
+	return fmt.Sprintf("%.0f", median(c))
+}
+
 // partDrain delivers a backlog to the local receiver at each concurrency,
 // against the bare POST loop at the same concurrency, alternating rounds.
 func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver) error {
 	var detail strings.Builder
 	for _, conc := range cfg.DrainConc {
 		bare, relay, err := drainRounds(ctx, cfg.DrainRounds, conc, cfg.DrainEvents, p, "postgres", rcv,
-			func() (float64, error) { return pgDrain(ctx, cfg.DSN, rcv.URL, conc, cfg.DrainEvents) })
+			func() (drainResult, error) { return pgDrain(ctx, cfg.DSN, rcv.URL, conc, cfg.DrainEvents) })
 		if err != nil {
 			return err
 		}
+		br, rr := median(drainRates(bare)), median(drainRates(relay))
 		r := row{
 			Part:     fmt.Sprintf("drain, PostgreSQL (pgx), %d in flight, %s backlog (deliveries/s)", conc, commas(int64(cfg.DrainEvents))),
-			Value:    rate(median(relay)),
-			Baseline: rate(median(bare)) + " (bare POST loop)",
-			Ratio:    ratio(median(relay) / median(bare)),
+			Value:    rate(rr),
+			Baseline: rate(br) + " (bare POST loop)",
+			Ratio:    ratio(rr / br),
 		}
 		if t, ok := drainTargets[conc]; ok {
 			r.Target = "≥ " + rate(t) + "/s"
-			r.Verdict = verdict(median(relay) >= t)
+			r.Verdict = verdict(rr >= t)
 		}
 		rep.add(r)
-		fmt.Fprintf(&detail, "%d in flight, %d rounds\n  bare   /s: %s\n  txhook /s: %s\n", conc, len(relay), rates(bare), rates(relay))
+		if c := cpuSummary(relay, true); c != "" {
+			rep.add(row{
+				Part:     fmt.Sprintf("… CPU per delivery, %d in flight: this process (relay, receiver) + its PostgreSQL backends (µs)", conc),
+				Value:    c,
+				Baseline: cpuSummary(bare, false) + " (bare loop, receiver)",
+			})
+		}
+		fmt.Fprintf(&detail, "%d in flight, %d rounds\n  bare   /s: %s\n  txhook /s: %s\n", conc, len(relay), rates(drainRates(bare)), rates(drainRates(relay)))
 	}
 	rep.section("Drain rounds (PostgreSQL)", detail.String())
 	return nil
 }
 
 // drainRounds alternates the bare loop and relayDrain, rounds times each.
-func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, label string, rcv *receiver, relayDrain func() (float64, error)) (bare, relay []float64, err error) {
+func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, label string, rcv *receiver, relayDrain func() (drainResult, error)) (bare, relay []drainResult, err error) {
 	// Warm the receiver and the loopback path.
 	if _, err := bareLoop(rcv.URL, conc, min(events, 2000)); err != nil {
 		return nil, nil, err
 	}
 	for round := range rounds {
-		var b, r float64
-		first, second := func() error { var err error; b, err = bareLoop(rcv.URL, conc, events); return err },
-			func() error { var err error; r, err = relayDrain(); return err }
+		var b, r drainResult
+		first := func() error {
+			m := startCPU(ctx, nil, "")
+			var err error
+			if b.rate, err = bareLoop(rcv.URL, conc, events); err != nil {
+				return err
+			}
+			b.clientUS = -1
+			if c, _, ok := m.stop(ctx); ok {
+				b.clientUS = c * 1e6 / float64(events)
+			}
+			return nil
+		}
+		second := func() error {
+			var err error
+			r, err = relayDrain()
+			return err
+		}
 		if round%2 == 1 {
 			first, second = second, first
 		}
@@ -64,7 +118,8 @@ func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, lab
 			return nil, nil, err
 		}
 		bare, relay = append(bare, b), append(relay, r)
-		p.logf("drain %s %d in flight round %d/%d: bare %s/s, txhook %s/s (%.2f×)", label, conc, round+1, rounds, rate(b), rate(r), r/b)
+		p.logf("drain %s %d in flight round %d/%d: bare %s/s, txhook %s/s (%.2f×); CPU µs per delivery %.0f + %.0f, per bare request %.0f",
+			label, conc, round+1, rounds, rate(b.rate), rate(r.rate), r.rate/b.rate, r.clientUS, r.serverUS, b.clientUS)
 	}
 	return bare, relay, nil
 }
@@ -72,59 +127,70 @@ func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, lab
 // pgDrain fills a fresh schema with n events for one endpoint at url, then
 // starts a relay with conc requests in flight and returns deliveries per
 // second from Start until the last outcome is written.
-func pgDrain(ctx context.Context, dsn, url string, conc, n int) (float64, error) {
+func pgDrain(ctx context.Context, dsn, url string, conc, n int) (drainResult, error) {
 	s, err := newSchema(ctx, dsn, "pgx", 16, localOutbox())
 	if err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	defer s.drop()
-	return drainBacklog(ctx, s.db, s.ob, url, conc, n, true)
+	return drainBacklog(ctx, s.db, s.name, s.ob, url, conc, n, true)
 }
 
 // drainBacklog enqueues n events for a new endpoint at url and times a
 // relay (conc in flight, to that endpoint too; other settings default)
 // delivering them, until Stats().Succeeded, which counts outcomes written
-// back, reaches n.
-func drainBacklog(ctx context.Context, db *sql.DB, ob *outbox.Outbox, url string, conc, n int, analyze bool) (float64, error) {
+// back, reaches n. appName names the pool's PostgreSQL connections for the
+// CPU count ("" for SQLite).
+func drainBacklog(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbox, url string, conc, n int, analyze bool) (drainResult, error) {
+	var res drainResult
 	tenant := "drain"
 	if _, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: url}); err != nil {
-		return 0, err
+		return res, err
 	}
 	if err := fillByEnqueue(ctx, db, ob, tenant, n); err != nil {
-		return 0, err
+		return res, err
 	}
 	if analyze {
 		// The server may run with autovacuum off; a real outbox has
 		// statistics.
 		if _, err := db.ExecContext(ctx, "ANALYZE"); err != nil {
-			return 0, err
+			return res, err
 		}
 	}
 	r, err := ob.NewRelay(outbox.RelayConfig{Concurrency: conc, EndpointConcurrency: conc})
 	if err != nil {
-		return 0, err
+		return res, err
 	}
+	var cpuDB *sql.DB
+	if appName != "" {
+		cpuDB = db
+	}
+	m := startCPU(ctx, cpuDB, appName)
 	start := time.Now()
 	if err := r.Start(ctx); err != nil {
-		return 0, err
+		return res, err
 	}
 	deadline := start.Add(time.Duration(n)*time.Millisecond + time.Minute)
 	for r.Stats().Succeeded < uint64(n) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			st := r.Stats()
 			r.Stop(context.Background())
-			return 0, fmt.Errorf("drain: %d of %d delivered before giving up (stats %+v)", st.Succeeded, n, st)
+			return res, fmt.Errorf("drain: %d of %d delivered before giving up (stats %+v)", st.Succeeded, n, st)
 		}
 		time.Sleep(time.Millisecond)
 	}
 	el := time.Since(start)
+	res.rate, res.clientUS, res.serverUS = float64(n)/el.Seconds(), -1, -1
+	if c, sv, ok := m.stop(ctx); ok {
+		res.clientUS, res.serverUS = c*1e6/float64(n), sv*1e6/float64(n)
+	}
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := r.Stop(stopCtx); err != nil {
-		return 0, err
+		return res, err
 	}
 	if st := r.Stats(); st.Failed+st.DeadLettered > 0 {
-		return 0, fmt.Errorf("drain: failed attempts against a no-op receiver: %+v", st)
+		return res, fmt.Errorf("drain: failed attempts against a no-op receiver: %+v", st)
 	}
-	return float64(n) / el.Seconds(), nil
+	return res, nil
 }

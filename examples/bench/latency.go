@@ -25,6 +25,7 @@ type latencyResult struct {
 	p50, p90, p99, p999, maxLat time.Duration
 	maxLag                      time.Duration // worst delay between a transaction's scheduled and actual start
 	stats                       outbox.RelayStats
+	clientUS, serverUS          float64 // CPU per event over the measured window; negative when unknown
 }
 
 // partLatency measures commit-to-receipt latency at fixed rates with
@@ -45,9 +46,9 @@ func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 			x.Verdict = verdict(res.p50 < 5*time.Millisecond && res.p99 < 25*time.Millisecond && res.missing == 0)
 		}
 		rep.add(x)
-		fmt.Fprintf(&detail, "%5d/s: %d measured (after %s warm-up) of %d committed, %.0f committed/s; p50 %s p90 %s p99 %s p99.9 %s max %s; missing %d, duplicates %d, arrived before Commit returned %d; generator's worst start lag %s\n",
+		fmt.Fprintf(&detail, "%5d/s: %d measured (after %s warm-up) of %d committed, %.0f committed/s; p50 %s p90 %s p99 %s p99.9 %s max %s; missing %d, duplicates %d, arrived before Commit returned %d; generator's worst start lag %s; CPU per event %.0f µs in this process (generator, relay, receiver) + %.0f µs in PostgreSQL\n",
 			r, res.measured, cfg.LatencyWarmup, res.sent, res.achieved, ms(res.p50), ms(res.p90), ms(res.p99), ms(res.p999), ms(res.maxLat),
-			res.missing, res.dups, res.early, ms(res.maxLag))
+			res.missing, res.dups, res.early, ms(res.maxLag), res.clientUS, res.serverUS)
 	}
 	rep.section("Latency runs", detail.String())
 	return nil
@@ -91,6 +92,8 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	defer rcv.rec.Store(nil)
 
 	commitAt := make([]time.Duration, total)
+	var meter *cpuMeter
+	meterAt := -1
 	lags := make([]time.Duration, latencyWorkers)
 	jobs := make(chan int, total)
 	var wg sync.WaitGroup
@@ -123,18 +126,28 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	next := 0
 	lastLog := time.Now()
 	for next < total && gctx.Err() == nil {
+		if meter == nil && next >= warmN {
+			meter, meterAt = startCPU(ctx, s.db, s.name), next
+		}
 		due := min(total, int(time.Since(base)/period)+1)
 		for ; next < due; next++ {
 			jobs <- next
 		}
 		if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()
-			p.logf("latency %d/s: %d of %d scheduled, %d received", perSec, next, total, rcv.n.Load())
+			p.logf("latency %d/s: %d of %d scheduled", perSec, next, total)
 		}
 		time.Sleep(time.Until(base.Add(time.Duration(next) * period)))
 	}
 	close(jobs)
 	wg.Wait()
+	res.clientUS, res.serverUS = -1, -1
+	if meter != nil {
+		if c, sv, ok := meter.stop(ctx); ok {
+			n := float64(total - meterAt)
+			res.clientUS, res.serverUS = c*1e6/n, sv*1e6/n
+		}
+	}
 	if genErr != nil {
 		return res, genErr
 	}
@@ -182,7 +195,8 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	res.p999 = time.Duration(quantile(lat, 0.999))
 	res.maxLat = time.Duration(quantile(lat, 1))
 	res.stats = relay.Stats()
-	p.logf("latency %d/s: p50 %s p99 %s max %s (%d measured, %d missing)", perSec, ms(res.p50), ms(res.p99), ms(res.maxLat), res.measured, res.missing)
+	p.logf("latency %d/s: p50 %s p99 %s max %s (%d measured, %d missing; generator lag %s; CPU µs/event %.0f + %.0f)",
+		perSec, ms(res.p50), ms(res.p99), ms(res.maxLat), res.measured, res.missing, ms(res.maxLag), res.clientUS, res.serverUS)
 	return res, nil
 }
 

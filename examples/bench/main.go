@@ -93,7 +93,7 @@ func defaultConfig() config {
 		EnqueueDrivers:  []string{"postgres", "pgx"},
 		DrainEvents:     20000,
 		DrainConc:       []int{16, 100},
-		DrainRounds:     3,
+		DrainRounds:     5,
 		LatencyRates:    []int{500, 2000},
 		LatencyWarmup:   3 * time.Second,
 		LatencyDur:      15 * time.Second,
