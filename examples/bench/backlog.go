@@ -28,10 +28,11 @@ const claimWarmup = 3
 // fillChunk is how many rows one INSERT ... SELECT generate_series writes.
 const fillChunk = 100000
 
-// fillEvents inserts n events for tenant straight in SQL, oldest first, with
-// IDs prefix_<n>; dispatched says whether they already have deliveries
-// (retries) or wait for a relay to dispatch them (new events).
-func fillEvents(ctx context.Context, db *sql.DB, p *progress, tenant, prefix string, n int, dispatched bool) error {
+// fillEvents inserts n events for tenant straight in SQL, oldest first
+// from `since` (a SQL time expression), with IDs prefix<n>; dispatched says
+// whether they already have deliveries (retries) or wait for a relay to
+// dispatch them (new events).
+func fillEvents(ctx context.Context, db *sql.DB, p *progress, tenant, prefix, since string, n int, dispatched bool) error {
 	disp := "NULL"
 	if dispatched {
 		disp = "now() - interval '1 day'"
@@ -40,7 +41,7 @@ func fillEvents(ctx context.Context, db *sql.DB, p *progress, tenant, prefix str
 		to := min(n, from+fillChunk-1)
 		_, err := db.ExecContext(ctx, `INSERT INTO txhook_events (id, tenant, type, payload, created_at, dispatched_at)
 			SELECT $1 || lpad(g::text, 10, '0'), $2, 'payment.succeeded', $3::json,
-			       now() - interval '1 day' + g * interval '1 microsecond', `+disp+`
+			       `+since+` + g * interval '1 microsecond', `+disp+`
 			FROM generate_series($4::bigint, $5::bigint) g`,
 			prefix, tenant, string(benchPayload), from, to)
 		if err != nil {
@@ -54,7 +55,7 @@ func fillEvents(ctx context.Context, db *sql.DB, p *progress, tenant, prefix str
 }
 
 // fillDeliveries inserts n pending, due deliveries to endpoint, one per
-// event prefix_<n>, as a failed first attempt leaves them: what the retry
+// event prefix<n>, as a failed first attempt leaves them: what the retry
 // claim takes.
 func fillDeliveries(ctx context.Context, db *sql.DB, p *progress, endpoint, prefix string, n int) error {
 	for from := 1; from <= n; from += fillChunk {
@@ -88,35 +89,60 @@ func statements(st *store.Store) (dispatch, claim string) {
 	return dispatch, claim
 }
 
-// timeClaims runs the statement (dispatch or claim) through the store the
-// way the relay does, prepared, and returns the duration of each timed
-// batch after a few untimed ones. Leases last a day so that nothing
-// claimed here comes back while the backlog is used afterwards.
-func timeClaims(ctx context.Context, db *sql.DB, which string, samples int) ([]float64, error) {
+// claimer runs the relay's dispatch or retry claim statement on one
+// backlog the way the relay does: through the store, prepared. Leases last a
+// day so that nothing claimed here comes back while the backlog is used
+// afterwards.
+type claimer struct {
+	name  string // for errors
+	which string // "dispatch" or "claim"
+	db    *sql.DB
+	st    *store.Store
+}
+
+func newClaimer(ctx context.Context, db *sql.DB, which, name string) (*claimer, error) {
 	st := store.New(db, store.Postgres)
-	defer st.Close()
 	if err := st.Prepare(ctx, st.ClaimQueries()...); err != nil {
 		return nil, err
 	}
-	var out []float64
+	return &claimer{name: name, which: which, db: db, st: st}, nil
+}
+
+// once times one batch; want is the number of rows it must take (-1: any).
+func (c *claimer) once(ctx context.Context, want int) (float64, error) {
+	now := time.Now()
+	var got []store.Claimed
+	var err error
+	if c.which == "dispatch" {
+		got, err = c.st.Dispatch(ctx, "bench-claim", now, now.Add(24*time.Hour), claimBatch)
+	} else {
+		got, err = c.st.Claim(ctx, "bench-claim", now, now.Add(24*time.Hour), claimBatch)
+	}
+	el := time.Since(now)
+	if err != nil {
+		return 0, fmt.Errorf("%s, %s: %w", c.which, c.name, err)
+	}
+	if want >= 0 && len(got) != want {
+		return 0, fmt.Errorf("%s, %s: took %d rows, want %d", c.which, c.name, len(got), want)
+	}
+	return float64(el), nil
+}
+
+// interleave times samples batches of each claimer after claimWarmup
+// untimed ones, taking turns (in an order that rotates) so that all see
+// the same machine.
+func interleave(ctx context.Context, cs []*claimer, samples, want int) ([][]float64, error) {
+	out := make([][]float64, len(cs))
 	for i := -claimWarmup; i < samples; i++ {
-		now := time.Now()
-		var got []store.Claimed
-		var err error
-		if which == "dispatch" {
-			got, err = st.Dispatch(ctx, "bench-claim", now, now.Add(24*time.Hour), claimBatch)
-		} else {
-			got, err = st.Claim(ctx, "bench-claim", now, now.Add(24*time.Hour), claimBatch)
-		}
-		el := time.Since(now)
-		if err != nil {
-			return nil, err
-		}
-		if len(got) != claimBatch {
-			return nil, fmt.Errorf("%s took %d rows, want %d", which, len(got), claimBatch)
-		}
-		if i >= 0 {
-			out = append(out, float64(el))
+		for k := range cs {
+			j := (k + max(i, 0)) % len(cs)
+			d, err := cs[j].once(ctx, want)
+			if err != nil {
+				return nil, err
+			}
+			if i >= 0 {
+				out[j] = append(out[j], d)
+			}
 		}
 	}
 	return out, nil
@@ -142,144 +168,137 @@ func explain(ctx context.Context, db *sql.DB, query string) (string, error) {
 	return b.String(), rows.Err()
 }
 
-type backlogTiming struct {
-	size              int
-	dispatch, claim   []float64 // nanoseconds per batch
-	explainD, explanC string
+// newBacklog creates a schema with an endpoint and n undispatched events
+// (retries false) or n due retries, and vacuums and analyzes it, as a
+// server with autovacuum would have done by then.
+func newBacklog(ctx context.Context, cfg config, p *progress, rcv *receiver, n int, retries bool) (*pgSchema, error) {
+	s, err := newSchema(ctx, cfg.DSN, "pgx", 4, localOutbox())
+	if err != nil {
+		return nil, err
+	}
+	ep, err := s.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "backlog", URL: rcv.URL})
+	if err != nil {
+		s.drop()
+		return nil, err
+	}
+	what := "undispatched events"
+	if retries {
+		what = "due retries"
+	}
+	p.logf("backlog: filling %s %s", commas(int64(n)), what)
+	start := time.Now()
+	err = fillEvents(ctx, s.db, p, "backlog", "evt_", "now() - interval '1 day'", n, retries)
+	if err == nil && retries {
+		err = fillDeliveries(ctx, s.db, p, ep.ID, "evt_", n)
+	}
+	if err == nil {
+		_, err = s.db.ExecContext(ctx, "VACUUM ANALYZE")
+	}
+	if err != nil {
+		s.drop()
+		return nil, err
+	}
+	p.logf("backlog: filled in %s", time.Since(start).Round(time.Millisecond))
+	return s, nil
+}
+
+func msStats(xs []float64) string {
+	return fmt.Sprintf("median %s, p90 %s, max %s", ms(time.Duration(median(xs))), ms(time.Duration(quantile(xs, 0.9))), ms(time.Duration(quantile(xs, 1))))
 }
 
 // partBacklog times one claim batch of each statement with a small and a
 // large backlog, then drains (most of) the large one with a separate relay
-// process and samples its memory.
+// process and samples its memory, then times the statements again on the
+// drained tables.
 func partBacklog(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver) error {
 	if need := (cfg.ClaimSamples + claimWarmup) * claimBatch; cfg.BacklogSmall < need || cfg.BacklogLarge < need {
 		return fmt.Errorf("backlogs of %d and %d are too small for %d timed batches of %d (need %d)",
 			cfg.BacklogSmall, cfg.BacklogLarge, cfg.ClaimSamples, claimBatch, need)
 	}
-	var timings []backlogTiming
-	var keep *pgSchema // the large dispatch backlog, for the RSS drain
+	var schemas []*pgSchema
 	defer func() {
-		if keep != nil {
-			keep.drop()
+		for _, s := range schemas {
+			s.drop()
 		}
 	}()
-	for _, n := range []int{cfg.BacklogSmall, cfg.BacklogLarge} {
-		t := backlogTiming{size: n}
-		large := n == cfg.BacklogLarge
-		// New events waiting for dispatch.
-		d, err := newSchema(ctx, cfg.DSN, "pgx", 4, localOutbox())
+	var cs []*claimer
+	for _, b := range []struct {
+		n       int
+		retries bool
+	}{{cfg.BacklogSmall, false}, {cfg.BacklogLarge, false}, {cfg.BacklogSmall, true}, {cfg.BacklogLarge, true}} {
+		s, err := newBacklog(ctx, cfg, p, rcv, b.n, b.retries)
 		if err != nil {
 			return err
 		}
-		if _, err := d.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "backlog", URL: rcv.URL}); err != nil {
-			d.drop()
-			return err
+		schemas = append(schemas, s)
+		which := "dispatch"
+		if b.retries {
+			which = "claim"
 		}
-		p.logf("backlog: filling %s undispatched events", commas(int64(n)))
-		start := time.Now()
-		if err := fillEvents(ctx, d.db, p, "backlog", "evt_", n, false); err != nil {
-			d.drop()
-			return err
-		}
-		if _, err := d.db.ExecContext(ctx, "VACUUM ANALYZE"); err != nil {
-			d.drop()
-			return err
-		}
-		p.logf("backlog: filled in %s", time.Since(start).Round(time.Millisecond))
-		if t.dispatch, err = timeClaims(ctx, d.db, "dispatch", cfg.ClaimSamples); err != nil {
-			d.drop()
-			return fmt.Errorf("dispatch at %d: %w", n, err)
-		}
-		if large {
-			dq, _ := statements(store.New(d.db, store.Postgres))
-			if t.explainD, err = explain(ctx, d.db, dq); err != nil {
-				d.drop()
-				return err
-			}
-		}
-		p.logf("backlog %s: dispatch batch median %s", commas(int64(n)), ms(time.Duration(median(t.dispatch))))
-		if large && cfg.RSSEvents > 0 {
-			keep = d
-		} else {
-			d.drop()
-		}
-
-		// Retries: pending deliveries that are due.
-		c, err := newSchema(ctx, cfg.DSN, "pgx", 4, localOutbox())
+		c, err := newClaimer(ctx, s.db, which, commas(int64(b.n))+" pending")
 		if err != nil {
 			return err
 		}
-		ep, err := c.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "backlog", URL: rcv.URL})
-		if err != nil {
-			c.drop()
-			return err
-		}
-		p.logf("backlog: filling %s due retries", commas(int64(n)))
-		start = time.Now()
-		err = fillEvents(ctx, c.db, p, "backlog", "evt_", n, true)
-		if err == nil {
-			err = fillDeliveries(ctx, c.db, p, ep.ID, "evt_", n)
-		}
-		if err == nil {
-			_, err = c.db.ExecContext(ctx, "VACUUM ANALYZE")
-		}
-		if err != nil {
-			c.drop()
-			return err
-		}
-		p.logf("backlog: filled in %s", time.Since(start).Round(time.Millisecond))
-		if t.claim, err = timeClaims(ctx, c.db, "claim", cfg.ClaimSamples); err != nil {
-			c.drop()
-			return fmt.Errorf("claim at %d: %w", n, err)
-		}
-		if large {
-			_, cq := statements(store.New(c.db, store.Postgres))
-			if t.explanC, err = explain(ctx, c.db, cq); err != nil {
-				c.drop()
-				return err
-			}
-		}
-		p.logf("backlog %s: retry claim batch median %s", commas(int64(n)), ms(time.Duration(median(t.claim))))
-		c.drop()
-		timings = append(timings, t)
+		defer c.st.Close()
+		cs = append(cs, c)
 	}
-	small, large := timings[0], timings[1]
+	times, err := interleave(ctx, cs, cfg.ClaimSamples, claimBatch)
+	if err != nil {
+		return err
+	}
 	var detail strings.Builder
-	for _, w := range []struct {
-		name     string
-		sm, lg   []float64
-		explainL string
-	}{
-		{"dispatch (new events → deliveries, claimed)", small.dispatch, large.dispatch, large.explainD},
-		{"retry claim (due deliveries)", small.claim, large.claim, large.explanC},
-	} {
-		r := median(w.lg) / median(w.sm)
+	for i, w := range []string{"dispatch (new events → deliveries, claimed)", "retry claim (due deliveries)"} {
+		sm, lg := times[2*i], times[2*i+1]
+		r := median(lg) / median(sm)
 		rep.add(row{
-			Part:     fmt.Sprintf("one claim batch of %d, %s: %s vs %s pending (median)", claimBatch, w.name, commas(int64(cfg.BacklogLarge)), commas(int64(cfg.BacklogSmall))),
-			Value:    ms(time.Duration(median(w.lg))),
-			Baseline: ms(time.Duration(median(w.sm))) + " (" + commas(int64(cfg.BacklogSmall)) + " pending)",
+			Part:     fmt.Sprintf("one claim batch of %d, %s: %s vs %s pending (median)", claimBatch, w, commas(int64(cfg.BacklogLarge)), commas(int64(cfg.BacklogSmall))),
+			Value:    ms(time.Duration(median(lg))),
+			Baseline: ms(time.Duration(median(sm))) + " (" + commas(int64(cfg.BacklogSmall)) + " pending)",
 			Ratio:    ratio(r),
 			Target:   "≤ 1.50×",
 			Verdict:  verdict(r <= 1.5),
 		})
-		fmt.Fprintf(&detail, "%s, %d batches each:\n  %9s pending: median %s, p90 %s, max %s\n  %9s pending: median %s, p90 %s, max %s\n",
-			w.name, len(w.sm),
-			commas(int64(cfg.BacklogSmall)), ms(time.Duration(median(w.sm))), ms(time.Duration(quantile(w.sm, 0.9))), ms(time.Duration(quantile(w.sm, 1))),
-			commas(int64(cfg.BacklogLarge)), ms(time.Duration(median(w.lg))), ms(time.Duration(quantile(w.lg, 0.9))), ms(time.Duration(quantile(w.lg, 1))))
+		fmt.Fprintf(&detail, "%s, %d batches each, interleaved:\n  %9s pending: %s\n  %9s pending: %s\n",
+			w, len(sm), commas(int64(cfg.BacklogSmall)), msStats(sm), commas(int64(cfg.BacklogLarge)), msStats(lg))
+	}
+	dq, cq := statements(cs[0].st)
+	for _, x := range []struct {
+		title string
+		db    *sql.DB
+		query string
+	}{{"dispatch", schemas[1].db, dq}, {"retry claim", schemas[3].db, cq}} {
+		plan, err := explain(ctx, x.db, x.query)
+		if err != nil {
+			return err
+		}
+		rep.section(fmt.Sprintf("EXPLAIN ANALYZE, %s statement, %s pending", x.title, commas(int64(cfg.BacklogLarge))), plan)
+	}
+	// Only the large dispatch backlog is needed from here on.
+	for _, i := range []int{0, 2, 3} {
+		schemas[i].drop()
+	}
+	large := schemas[1]
+	schemas = []*pgSchema{large}
+
+	if cfg.RSSEvents > 0 {
+		if err := rssPart(ctx, cfg, rep, p, large, &detail); err != nil {
+			return err
+		}
 	}
 	rep.section("Claim batch timings", detail.String())
-	rep.section(fmt.Sprintf("EXPLAIN ANALYZE, dispatch statement, %s pending", commas(int64(cfg.BacklogLarge))), large.explainD)
-	rep.section(fmt.Sprintf("EXPLAIN ANALYZE, retry claim statement, %s pending", commas(int64(cfg.BacklogLarge))), large.explanC)
+	return nil
+}
 
-	if keep == nil {
-		return nil
-	}
+// rssPart drains the large backlog with the relay child, then times an
+// idle poll and fresh dispatch batches on the drained tables, before and
+// after a VACUUM.
+func rssPart(ctx context.Context, cfg config, rep *report, p *progress, large *pgSchema, detail *strings.Builder) error {
 	var left int
-	if err := keep.db.QueryRowContext(ctx, "SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL").Scan(&left); err != nil {
+	if err := large.db.QueryRowContext(ctx, "SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL").Scan(&left); err != nil {
 		return err
 	}
 	target := min(left, cfg.RSSEvents)
-	res, err := rssDrain(ctx, keep.dsn, target, cfg.RSSTimeout, p)
+	res, err := rssDrain(ctx, large.dsn, target, cfg.RSSTimeout, p)
 	if err != nil {
 		return err
 	}
@@ -301,6 +320,62 @@ func partBacklog(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 	rep.section("Relay process memory", fmt.Sprintf("delivered %s of %s in %s (%.0f/s); VmHWM %.1f MiB; largest sampled VmRSS %.1f MiB; Go heap in use at the end %.1f MiB",
 		commas(int64(res.drained)), commas(int64(target)), res.took.Round(time.Millisecond), res.rate,
 		float64(res.hwmKB)/1024, float64(res.maxRSSKB)/1024, float64(res.heapKB)/1024))
+
+	// The drained tables, as the relay sees them until the next VACUUM:
+	// every delivered event and delivery left a dead entry in the partial
+	// indexes the two statements scan.
+	dispatch, err := newClaimer(ctx, large.db, "dispatch", "after the drain")
+	if err != nil {
+		return err
+	}
+	defer dispatch.st.Close()
+	claim, err := newClaimer(ctx, large.db, "claim", "after the drain")
+	if err != nil {
+		return err
+	}
+	defer claim.st.Close()
+	// Fresh events for the dispatch batches, before and after VACUUM.
+	fresh := (2*cfg.ClaimSamples + 2*claimWarmup) * claimBatch
+	if err := fillEvents(ctx, large.db, p, "backlog", "new_", "now()", fresh, false); err != nil {
+		return err
+	}
+	if _, err := large.db.ExecContext(ctx, "ANALYZE"); err != nil {
+		return err
+	}
+	measure := func() (idle, batch []float64, err error) {
+		// Nothing is due when the drain finished (a drain stopped early
+		// leaves some): the poll an idle relay makes every PollInterval.
+		idleT, err := interleave(ctx, []*claimer{claim}, cfg.ClaimSamples, -1)
+		if err != nil {
+			return nil, nil, err
+		}
+		batchT, err := interleave(ctx, []*claimer{dispatch}, cfg.ClaimSamples, claimBatch)
+		if err != nil {
+			return nil, nil, err
+		}
+		return idleT[0], batchT[0], nil
+	}
+	idle1, batch1, err := measure()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := large.db.ExecContext(ctx, "VACUUM ANALYZE"); err != nil {
+		return err
+	}
+	vacuumTook := time.Since(start)
+	idle2, batch2, err := measure()
+	if err != nil {
+		return err
+	}
+	rep.add(row{
+		Part:     fmt.Sprintf("after delivering %s without a VACUUM since: retry claim poll, nothing due / dispatch batch of %d", commas(int64(res.drained)), claimBatch),
+		Value:    ms(time.Duration(median(idle1))) + " / " + ms(time.Duration(median(batch1))),
+		Baseline: ms(time.Duration(median(idle2))) + " / " + ms(time.Duration(median(batch2))) + " (after VACUUM)",
+		Ratio:    ratio(median(idle1)/median(idle2)) + " / " + ratio(median(batch1)/median(batch2)),
+	})
+	fmt.Fprintf(detail, "after the relay process delivered %s (no VACUUM since), %d batches each:\n  retry claim poll, nothing due: %s\n  dispatch of fresh events:      %s\nafter VACUUM ANALYZE (%s):\n  retry claim poll, nothing due: %s\n  dispatch of fresh events:      %s\n",
+		commas(int64(res.drained)), cfg.ClaimSamples, msStats(idle1), msStats(batch1), vacuumTook.Round(time.Millisecond), msStats(idle2), msStats(batch2))
 	return nil
 }
 

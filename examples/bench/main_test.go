@@ -52,7 +52,7 @@ func TestPartsSmoke(t *testing.T) {
 		"enqueue": {"Enqueue, lib/pq", "Enqueue, pgx"},
 		"drain":   {"drain, PostgreSQL (pgx), 16 in flight", "drain, PostgreSQL (pgx), 100 in flight"},
 		"latency": {"latency at 200 events/s"},
-		"backlog": {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog"},
+		"backlog": {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog", "without a VACUUM since"},
 		"sqlite":  {"drain, SQLite"},
 		"signer":  {},
 	}
