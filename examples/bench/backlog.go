@@ -264,14 +264,18 @@ func partBacklog(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 	dq, cq := statements(cs[0].st)
 	for _, x := range []struct {
 		title string
-		db    *sql.DB
+		s     *pgSchema
+		n     int
 		query string
-	}{{"dispatch", schemas[1].db, dq}, {"retry claim", schemas[3].db, cq}} {
-		plan, err := explain(ctx, x.db, x.query)
+	}{
+		{"dispatch", schemas[0], cfg.BacklogSmall, dq}, {"dispatch", schemas[1], cfg.BacklogLarge, dq},
+		{"retry claim", schemas[2], cfg.BacklogSmall, cq}, {"retry claim", schemas[3], cfg.BacklogLarge, cq},
+	} {
+		plan, err := explain(ctx, x.s.db, x.query)
 		if err != nil {
 			return err
 		}
-		rep.section(fmt.Sprintf("EXPLAIN ANALYZE, %s statement, %s pending", x.title, commas(int64(cfg.BacklogLarge))), plan)
+		rep.section(fmt.Sprintf("EXPLAIN ANALYZE, %s statement, %s pending", x.title, commas(int64(x.n))), plan)
 	}
 	// Only the large dispatch backlog is needed from here on.
 	for _, i := range []int{0, 2, 3} {

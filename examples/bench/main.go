@@ -23,6 +23,13 @@
 //
 // PostgreSQL parts are skipped when TXHOOK_BENCH_POSTGRES_DSN is unset.
 // Each part works in schemas (or files) of its own and drops them after.
+//
+// The machine is assumed shared and noisy: txhook and its baseline run in
+// alternating rounds and the table gives medians. Beside rates it reports
+// CPU time per transaction or delivery, of this process and of the
+// PostgreSQL backends serving it (from /proc, so with a server on this
+// machine), which the neighbours' load moves much less than rates.
+// -cpuprofile profiles the whole run; use it with -only.
 package main
 
 import (
@@ -88,8 +95,8 @@ func defaultConfig() config {
 	return config{
 		Parts:           allParts,
 		EnqueueConns:    16,
-		EnqueueRound:    3 * time.Second,
-		EnqueueRounds:   6,
+		EnqueueRound:    time.Second,
+		EnqueueRounds:   15,
 		EnqueueDrivers:  []string{"postgres", "pgx"},
 		DrainEvents:     20000,
 		DrainConc:       []int{16, 100},
@@ -104,7 +111,7 @@ func defaultConfig() config {
 		RSSTimeout:      6 * time.Minute,
 		SQLiteEvents:    20000,
 		SQLiteConc:      16,
-		SQLiteRounds:    3,
+		SQLiteRounds:    5,
 		SignerBenchtime: time.Second,
 	}
 }

@@ -118,8 +118,13 @@ func (r *report) markdown() string {
 			w("- %s\n", n)
 		}
 	}
-	for _, s := range r.sections {
-		w("\n### %s\n\n```\n%s\n```\n", s.Title, s.Body)
+	// Details first, query plans (long) last.
+	for _, plans := range []bool{false, true} {
+		for _, s := range r.sections {
+			if strings.HasPrefix(s.Title, "EXPLAIN") == plans {
+				w("\n### %s\n\n```\n%s\n```\n", s.Title, s.Body)
+			}
+		}
 	}
 	w("\n%s\n", endMarker)
 	return b.String()
