@@ -262,7 +262,13 @@ func fail(err error) {
 
 func commandLine() string {
 	args := []string{"go run ./examples/bench"}
+	skip := false
 	for _, a := range os.Args[1:] {
+		// -revision only names what was measured.
+		if skip || strings.HasPrefix(strings.TrimLeft(a, "-"), "revision") {
+			skip = !skip && !strings.Contains(a, "=")
+			continue
+		}
 		if strings.ContainsAny(a, " '\"$") {
 			a = strconv.Quote(a)
 		}
