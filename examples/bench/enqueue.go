@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -111,6 +114,7 @@ func partEnqueue(ctx context.Context, cfg config, rep *report, p *progress) erro
 			fmt.Fprintf(&detail, "\n  CPU µs/tx, client + server: plain %s, enqueue %s",
 				cpuList(res.cpuPlainC, res.cpuPlain), cpuList(res.cpuEnqC, res.cpuEnq))
 		}
+		fmt.Fprintf(&detail, "\n  NOTIFYs received by the listening connection: %.0f/s during Enqueue rounds", res.notifies)
 		detail.WriteString("\n")
 	}
 	rep.section("Enqueue rounds", detail.String())
@@ -122,6 +126,7 @@ type enqueueResult struct {
 	plain, enq, ratios []float64 // tx/s, and enqueue/plain per round
 	cpuPlain, cpuEnq   []float64 // µs of CPU per transaction, client + server
 	cpuPlainC, cpuEnqC []float64 // of which client
+	notifies           float64   // wake-ups received per second of Enqueue rounds
 }
 
 func cpuList(client, total []float64) string {
@@ -137,6 +142,15 @@ func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, dr
 		if _, err := s.db.ExecContext(ctx, q); err != nil {
 			return res, err
 		}
+	}
+	// A connection listens for the wake-ups, as a relay's would, so that
+	// NOTIFY costs what it costs with a relay running (whose dispatching
+	// is measured by the drain part, not here).
+	lctx, stopListening := context.WithCancel(ctx)
+	defer stopListening()
+	notes, err := listen(lctx, s.dsn)
+	if err != nil {
+		return res, err
 	}
 	tenant := "merchant_bench"
 	plain := func(tx *sql.Tx, i int64) error {
@@ -176,7 +190,10 @@ func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, dr
 		return res, err
 	}
 	cpuOK := true
+	notes.Store(0)
+	var enqTime time.Duration
 	for round := range cfg.EnqueueRounds {
+		enqTime += cfg.EnqueueRound
 		var pr, er, pc, ec, pcc, ecc float64
 		var err error
 		if round%2 == 0 {
@@ -201,5 +218,30 @@ func enqueueRounds(ctx context.Context, cfg config, s *pgSchema, p *progress, dr
 	if !cpuOK {
 		res.cpuPlain, res.cpuEnq, res.cpuPlainC, res.cpuEnqC = nil, nil, nil, nil
 	}
+	res.notifies = float64(notes.Load()) / enqTime.Seconds()
 	return res, nil
+}
+
+// listen opens a connection that LISTENs on the relay's wake-up channel and
+// counts notifications until ctx is done.
+func listen(ctx context.Context, dsn string) (*atomic.Int64, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+store.WakeChannel); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	var n atomic.Int64
+	go func() {
+		defer conn.Close(context.Background())
+		for {
+			if _, err := conn.WaitForNotification(ctx); err != nil {
+				return
+			}
+			n.Add(1)
+		}
+	}()
+	return &n, nil
 }

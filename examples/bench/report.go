@@ -205,7 +205,7 @@ func machineInfo(ctx context.Context, cfg config) []string {
 // gitRevision names the checked-out commit, and says so when the library's
 // files differ from it.
 func gitRevision(ctx context.Context) string {
-	b, err := exec.CommandContext(ctx, "git", "log", "-1", "--format=%h %s").Output()
+	b, err := exec.CommandContext(ctx, "git", "log", "-1", "--format=%h (%cs)").Output()
 	if err != nil {
 		return "unknown revision (not a git checkout)"
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"text/tabwriter"
 	"time"
 
 	"github.com/txhook/txhook/signer"
@@ -83,18 +82,16 @@ func partSigner(cfg config, rep *report, p *progress) error {
 		{"VerifyStripe/rotation, new secret", verify(signer.Stripe{}, signer.Stripe{Now: at}, []string{stripe1, stripe2}, []string{stripe2})},
 	}
 	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "benchmark (1 KiB body)\tns/op\tMB/s\tB/op\tallocs/op\t")
+	fmt.Fprintf(&b, "%-38s %8s %8s %6s %10s\n", "benchmark (1 KiB body)", "ns/op", "MB/s", "B/op", "allocs/op")
 	for _, c := range cases {
 		r := testing.Benchmark(c.fn)
 		if r.N == 0 {
 			return fmt.Errorf("benchmark %s failed", c.name)
 		}
 		mbs := float64(r.Bytes) * float64(r.N) / r.T.Seconds() / 1e6
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%d\t%d\t\n", c.name, r.NsPerOp(), mbs, r.AllocedBytesPerOp(), r.AllocsPerOp())
+		fmt.Fprintf(&b, "%-38s %8d %8.1f %6d %10d\n", c.name, r.NsPerOp(), mbs, r.AllocedBytesPerOp(), r.AllocsPerOp())
 		p.logf("signer %s: %d ns/op, %d allocs/op", c.name, r.NsPerOp(), r.AllocsPerOp())
 	}
-	tw.Flush()
 	rep.section("Signing and verification (testing.Benchmark in the bench process; same cases as `go test -run '^$' -bench . -benchmem ./signer`)", b.String())
 	return nil
 }
