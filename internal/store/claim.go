@@ -53,17 +53,13 @@ const pgClaim = `WITH due AS (
 ), claimed AS (
     UPDATE txhook_deliveries d
     SET state = 'running', attempts = d.attempts + 1, lease_owner = $3, next_attempt_at = $4, updated_at = $1
-    WHERE d.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING d.id, d.attempts, d.event_id, d.endpoint_id, d.ordering_key
-), e AS MATERIALIZED (
-    SELECT id, tenant, type, version, payload, created_at FROM txhook_events
-    WHERE id = ANY (ARRAY(SELECT event_id FROM claimed))
+    FROM due WHERE d.id = due.id
+    RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key
 )
-SELECT c.id, c.attempts, due.state, c.event_id, ` + claimEventCols + `,
+SELECT c.id, c.attempts, c.prev_state, c.event_id, ` + claimEventCols + `,
        c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `
 FROM claimed c
-JOIN due ON due.id = c.id
-JOIN e ON e.id = c.event_id
+JOIN txhook_events e ON e.id = c.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id`
 
 // SQLite has one writer at a time, so the claim is a read and an update in
@@ -108,7 +104,7 @@ var pgDispatch = `WITH ev AS (
     FOR UPDATE SKIP LOCKED
 ), e AS (
     UPDATE txhook_events e SET dispatched_at = $1
-    WHERE e.id = ANY (ARRAY(SELECT id FROM ev))
+    FROM ev WHERE e.id = ev.id
     RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at
 ), ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
