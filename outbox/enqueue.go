@@ -89,9 +89,13 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 		ev.ID = ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
 	}
 	notify := false
+	var last, at int64
 	if o.st.Dialect == store.Postgres && o.cfg.NotifyInterval > 0 {
 		// Real time, not Config.Clock: this paces NOTIFYs, a load matter.
-		notify = time.Now().UnixNano()-o.lastNotify.Load() >= int64(o.cfg.NotifyInterval)
+		// The slot is taken before the statement, so that concurrent
+		// Enqueues do not all see it free.
+		last, at = o.lastNotify.Load(), time.Now().UnixNano()
+		notify = at-last >= int64(o.cfg.NotifyInterval) && o.lastNotify.CompareAndSwap(last, at)
 	}
 	id, inserted, notified, err := o.st.InsertEvent(ctx, tx, store.NewEvent{
 		ID:             ev.ID,
@@ -103,11 +107,13 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 		OrderingKey:    ev.OrderingKey,
 		CreatedAt:      now,
 	}, notify)
+	if notify && !notified {
+		// Nothing was queued (an error, or the event existed): give the
+		// slot back.
+		o.lastNotify.CompareAndSwap(at, last)
+	}
 	if err != nil {
 		return "", fmt.Errorf("txhook: enqueue: %w", err)
-	}
-	if notified {
-		o.lastNotify.Store(time.Now().UnixNano())
 	}
 	if inserted && o.st.Dialect == store.SQLite {
 		o.st.WakeLocal()
