@@ -186,3 +186,22 @@ func unixSeconds(ts time.Time) (int64, error) {
 	}
 	return sec, nil
 }
+
+// signArgs checks what every scheme's Sign takes and returns ts in unix
+// seconds.
+func signArgs(h http.Header, id string, ts time.Time, secrets []string) (int64, error) {
+	if h == nil {
+		return 0, errors.New("signer: nil http.Header")
+	}
+	if reason := checkID(id); reason != "" {
+		return 0, errors.New("signer: " + reason)
+	}
+	sec, err := unixSeconds(ts)
+	if err != nil {
+		return 0, err
+	}
+	if len(secrets) == 0 {
+		return 0, fmt.Errorf("%w: no secrets", ErrInvalidSecret)
+	}
+	return sec, nil
+}

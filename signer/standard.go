@@ -56,18 +56,9 @@ var b64Strict = base64.StdEncoding.Strict()
 // "id.timestamp.body" splits only one way) and ts must not be before 1970.
 // On any error h is left untouched.
 func (Standard) Sign(h http.Header, id string, ts time.Time, body []byte, secrets []string) error {
-	if h == nil {
-		return errors.New("signer: nil http.Header")
-	}
-	if reason := checkID(id); reason != "" {
-		return errors.New("signer: " + reason)
-	}
-	sec, err := unixSeconds(ts)
+	sec, err := signArgs(h, id, ts, secrets)
 	if err != nil {
 		return err
-	}
-	if len(secrets) == 0 {
-		return fmt.Errorf("%w: no secrets", ErrInvalidSecret)
 	}
 	var keyBuf [4]key
 	keys := keyBuf[:0]

@@ -80,18 +80,9 @@ func checkStripeSecret(s string) error {
 // least 16 bytes, without line breaks, and not whsk_ or whpk_ keys; id and ts
 // follow the rules of Standard.Sign. On any error h is left untouched.
 func (s Stripe) Sign(h http.Header, id string, ts time.Time, body []byte, secrets []string) error {
-	if h == nil {
-		return errors.New("signer: nil http.Header")
-	}
-	if reason := checkID(id); reason != "" {
-		return errors.New("signer: " + reason)
-	}
-	sec, err := unixSeconds(ts)
+	sec, err := signArgs(h, id, ts, secrets)
 	if err != nil {
 		return err
-	}
-	if len(secrets) == 0 {
-		return fmt.Errorf("%w: no secrets", ErrInvalidSecret)
 	}
 	for i, secret := range secrets {
 		if err := checkStripeSecret(secret); err != nil {
