@@ -1,212 +1,92 @@
 package outbox
 
 import (
-	"math"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/txhook/txhook/internal/sched"
 )
 
-// Per-endpoint flow control, kept by each relay in memory: an in-flight
-// cap, an optional rate limit, and a circuit breaker. Deliveries that must
-// wait for any of them wait in the endpoint's queue, or, when that would
-// hold them too long, go back to the database for later without spending an
-// attempt.
+// The relay's scheduling lives in internal/sched, a pure unit: per-endpoint
+// limits and circuit breakers, and fairness between tenants and endpoints.
+// This file is the thin layer around it: claimed jobs go in, workers take
+// what may start, and what must wait longer than the scheduler's horizon
+// goes back to the database with the time it can next run, without
+// spending an attempt, so that waiting never takes claim capacity.
 
-type circuitState int
-
-const (
-	circuitClosed   circuitState = iota // normal
-	circuitOpen                         // failing: nothing is sent until openUntil
-	circuitHalfOpen                     // probing: one request at a time
-)
-
-type endpointQueue struct {
-	inflight int
-	waiting  []*job
-	ewma     time.Duration // recent request duration
-
-	maxInFlight int
-	limiter     *rate.Limiter
-	rate        float64
-	burst       int
-	timerSet    bool // a timer will pump the queue when the limiter allows
-
-	circuit   circuitState
-	failures  int // consecutive receiver faults
-	openUntil time.Time
-	cooldown  time.Duration
-	allowance int // after a recovery, the in-flight cap ramping up; 0 = none
-}
-
-// configure applies the endpoint's limits as of the latest claim.
-func (r *Relay) configure(q *endpointQueue, j *job) {
-	c := &j.c
-	q.maxInFlight = r.cfg.EndpointConcurrency
-	if c.MaxInFlight > 0 {
-		q.maxInFlight = min(c.MaxInFlight, r.cfg.Concurrency)
-	}
-	if c.RateLimit != q.rate || c.RateBurst != q.burst {
-		q.rate, q.burst = c.RateLimit, c.RateBurst
-		q.limiter = nil
-		if c.RateLimit > 0 {
-			burst := c.RateBurst
-			if burst <= 0 {
-				burst = max(1, int(math.Ceil(c.RateLimit)))
-			}
-			q.limiter = rate.NewLimiter(rate.Limit(c.RateLimit), burst)
-			// Start empty: a relay that restarts, or sees the endpoint for
-			// the first time, must not add a full burst to what another
-			// process just sent.
-			q.limiter.ReserveN(r.clock.Now(), burst)
-		}
+// schedConfig derives the scheduler's settings from the relay's.
+func (c RelayConfig) schedConfig() sched.Config {
+	return sched.Config{
+		Concurrency:         c.Concurrency,
+		EndpointConcurrency: c.EndpointConcurrency,
+		SlowAfter:           min(sched.DefaultSlowAfter, c.Timeout/2),
+		BreakerThreshold:    max(0, c.BreakerThreshold),
+		BreakerCooldown:     c.BreakerCooldown,
+		BreakerMaxCooldown:  c.BreakerMaxCooldown,
 	}
 }
 
-// capacity is how many requests the endpoint may have in flight now.
-func (q *endpointQueue) capacity() int {
-	if q.circuit == circuitHalfOpen {
-		return 1
-	}
-	if q.allowance > 0 {
-		return min(q.allowance, q.maxInFlight)
-	}
-	return q.maxInFlight
-}
-
-// dispatch hands a claimed job to its endpoint's queue.
+// dispatch hands a claimed job to the scheduler, or back to the database
+// when it cannot start soon.
 func (r *Relay) dispatch(j *job) {
-	now := r.clock.Now()
+	c := &j.c
+	j.sj = sched.Job{Tenant: c.Tenant, Endpoint: c.EndpointID, Value: j,
+		Limits: sched.Limits{Rate: c.RateLimit, Burst: c.RateBurst, MaxInFlight: c.MaxInFlight}}
 	r.mu.Lock()
-	q := r.eps[j.c.EndpointID]
-	if q == nil {
-		q = &endpointQueue{}
-		r.eps[j.c.EndpointID] = q
-	}
-	r.configure(q, j)
-	if q.circuit == circuitOpen && now.Before(q.openUntil) {
-		at := q.openUntil
-		r.mu.Unlock()
-		r.putBack(j, at)
-		return
-	}
-	if len(q.waiting) >= r.cfg.BatchSize {
-		// A batch is already waiting for this endpoint: put this one back
-		// for later, so the slots go to other endpoints meanwhile.
-		wait := time.Duration(len(q.waiting)/max(1, q.capacity())+1) * max(q.ewma, 10*time.Millisecond)
-		if q.limiter != nil {
-			wait = max(wait, time.Duration(float64(len(q.waiting))/q.rate*float64(time.Second)))
-		}
-		r.mu.Unlock()
-		r.putBack(j, now.Add(min(max(wait, 100*time.Millisecond), 5*time.Minute)))
-		return
-	}
-	q.waiting = append(q.waiting, j)
-	r.pumpLocked(q, now)
-	r.mu.Unlock()
-}
-
-// pumpLocked moves waiting jobs of q to the workers as far as its limits
-// allow; when only the rate limit holds them, a timer pumps again.
-func (r *Relay) pumpLocked(q *endpointQueue, now time.Time) {
-	if q.circuit == circuitOpen {
-		if now.Before(q.openUntil) {
-			return
-		}
-		q.circuit = circuitHalfOpen
-	}
-	for len(q.waiting) > 0 && q.inflight < q.capacity() {
-		if q.limiter != nil {
-			res := q.limiter.ReserveN(now, 1)
-			if d := res.DelayFrom(now); d > 0 {
-				res.CancelAt(now)
-				r.armLocked(q, d)
-				return
-			}
-		}
-		j := q.waiting[0]
-		q.waiting[0] = nil
-		q.waiting = q.waiting[1:]
-		q.inflight++
-		r.readyQ = append(r.readyQ, j)
+	hold, at := r.sch.Add(r.clock.Now(), &j.sj)
+	if hold {
 		r.cond.Signal()
 	}
+	r.mu.Unlock()
+	if !hold {
+		r.putBack(j, at)
+	}
 }
 
-// armLocked makes sure q is pumped again after d.
-func (r *Relay) armLocked(q *endpointQueue, d time.Duration) {
-	if q.timerSet {
-		return
+// nextLocked returns the job a worker should start now, if any, and the
+// jobs that waited too long and go back. With nothing to start it arms the
+// timer for the scheduler's next change.
+func (r *Relay) nextLocked() (*job, []sched.Back) {
+	now := r.clock.Now()
+	back := r.sch.Expire(now)
+	if sj := r.sch.Next(now); sj != nil {
+		// Another job may be startable too: pass the turn on.
+		r.cond.Signal()
+		return sj.Value.(*job), back
 	}
-	q.timerSet = true
-	t := r.clock.NewTimer(d)
-	go func() {
+	if w := r.sch.Wake(now); !w.IsZero() && (r.timerAt.IsZero() || w.Before(r.timerAt)) {
+		r.timerAt = w
 		select {
+		case r.rearm <- w.Sub(now):
+		default: // the timer goroutine has a pending re-arm; it re-reads timerAt
+		}
+	}
+	return nil, back
+}
+
+// timerLoop wakes the workers when the scheduler's next change is due: a
+// rate-limit token, a circuit half-opening, a held job expiring.
+func (r *Relay) timerLoop() {
+	t := r.clock.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case d := <-r.rearm:
+			r.mu.Lock()
+			if at := r.timerAt; !at.IsZero() {
+				d = at.Sub(r.clock.Now())
+			}
+			r.mu.Unlock()
+			t.Reset(max(d, 0))
 		case <-t.C():
+			r.mu.Lock()
+			r.timerAt = time.Time{}
+			r.cond.Broadcast()
+			r.mu.Unlock()
 		case <-r.timersQuit:
 			t.Stop()
 			return
 		}
-		r.mu.Lock()
-		q.timerSet = false
-		r.pumpLocked(q, r.clock.Now())
-		r.mu.Unlock()
-	}()
-}
-
-// finish records the end of j's request on its endpoint: the in-flight
-// slot, the request's duration and, for the circuit breaker, whether the
-// receiver failed. It returns the jobs an opening circuit sends back.
-func (r *Relay) finishLocked(j *job, out *outcome, took time.Duration, now time.Time) (back []*job, until time.Time) {
-	q := r.eps[j.c.EndpointID]
-	q.inflight--
-	if took > 0 {
-		if q.ewma == 0 {
-			q.ewma = took
-		} else {
-			q.ewma = (q.ewma*7 + took) / 8
-		}
 	}
-	switch {
-	case out.fault:
-		q.failures++
-		threshold := r.cfg.BreakerThreshold
-		if q.circuit == circuitHalfOpen || (threshold > 0 && q.failures >= threshold && q.circuit == circuitClosed) {
-			back, until = r.openLocked(q, now)
-		}
-	case out.Record && !out.local:
-		// The receiver answered: it is up, whatever it said.
-		q.failures = 0
-		switch {
-		case q.circuit == circuitHalfOpen:
-			q.circuit, q.cooldown, q.allowance = circuitClosed, 0, 2
-		case q.allowance > 0:
-			if q.allowance *= 2; q.allowance >= q.maxInFlight {
-				q.allowance = 0
-			}
-		}
-	}
-	r.pumpLocked(q, now)
-	if q.inflight == 0 && len(q.waiting) == 0 && q.circuit == circuitClosed && q.failures == 0 &&
-		q.allowance == 0 && !q.timerSet && (q.limiter == nil || q.limiter.TokensAt(now) >= float64(q.limiter.Burst())) {
-		delete(r.eps, j.c.EndpointID)
-	}
-	return back, until
-}
-
-// openLocked opens q's circuit and takes its waiting jobs out, to go back
-// to the database until the circuit half-opens.
-func (r *Relay) openLocked(q *endpointQueue, now time.Time) ([]*job, time.Time) {
-	if q.cooldown == 0 {
-		q.cooldown = r.cfg.BreakerCooldown
-	} else {
-		q.cooldown = min(q.cooldown*2, r.cfg.BreakerMaxCooldown)
-	}
-	q.circuit, q.allowance = circuitOpen, 0
-	q.openUntil = now.Add(q.cooldown)
-	back := q.waiting
-	q.waiting = nil
-	return back, q.openUntil
 }
 
 // putBack returns j to the database, due at `at`, without spending its
@@ -216,34 +96,51 @@ func (r *Relay) putBack(j *job, at time.Time) {
 	r.dropHeld()
 }
 
+func (r *Relay) giveBack(back []sched.Back) {
+	for _, b := range back {
+		r.putBack(b.Job.Value.(*job), b.At)
+	}
+}
+
 func (r *Relay) worker() {
 	defer r.workers.Done()
 	r.mu.Lock()
 	for {
-		for len(r.readyQ) == 0 && !r.quitting {
+		j, back := r.nextLocked()
+		if j == nil && len(back) == 0 {
+			if r.quitting {
+				r.mu.Unlock()
+				return
+			}
 			r.cond.Wait()
+			continue
 		}
-		if len(r.readyQ) == 0 {
+		r.mu.Unlock()
+		r.giveBack(back)
+		if j != nil {
+			out, took := r.process(j)
+			// The endpoint's state first: once the outcome is written, what
+			// it caused (a replay of a dead letter, say) must meet the
+			// circuit this attempt left behind.
+			r.mu.Lock()
+			back = r.sch.Done(r.clock.Now(), &j.sj, r.outcomeKind(&out, took), took)
+			r.cond.Signal()
 			r.mu.Unlock()
-			return
-		}
-		j := r.readyQ[0]
-		r.readyQ[0] = nil
-		r.readyQ = r.readyQ[1:]
-		r.mu.Unlock()
-
-		out, took := r.process(j)
-		// The endpoint's state first: once the outcome is written, what it
-		// caused (a replay of a dead letter, say) must meet the circuit
-		// this attempt left behind.
-		r.mu.Lock()
-		back, until := r.finishLocked(j, &out, took, r.clock.Now())
-		r.mu.Unlock()
-		r.comp.add(out)
-		r.dropHeld()
-		for _, b := range back {
-			r.putBack(b, until)
+			r.comp.add(out)
+			r.dropHeld()
+			r.giveBack(back)
 		}
 		r.mu.Lock()
 	}
+}
+
+// outcomeKind tells the scheduler what an attempt says about the receiver.
+func (r *Relay) outcomeKind(out *outcome, took time.Duration) sched.Outcome {
+	switch {
+	case took == 0 || out.local || r.httpCtx.Err() != nil:
+		return sched.NotSent
+	case out.fault:
+		return sched.Fault
+	}
+	return sched.Answered
 }

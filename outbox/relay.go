@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/txhook/txhook/internal/safehttp"
+	"github.com/txhook/txhook/internal/sched"
 	"github.com/txhook/txhook/internal/store"
 )
 
 // Relay claims due deliveries, sends them and records the outcome. Any
 // number of relays, in one process or many, can share a PostgreSQL outbox.
 //
-// The pipeline: one goroutine claims batches under a lease and hands each
-// delivery to a per-endpoint queue; Concurrency workers send them; a
+// The pipeline: one goroutine claims batches under a lease and offers each
+// delivery to the scheduler (internal/sched), which holds what can start
+// soon and sends the rest back to the database for later; Concurrency
+// workers take from it, fairly across tenants and endpoints, and send; a
 // completion goroutine writes outcomes back in batches, each batch one
 // statement on PostgreSQL.
 type Relay struct {
@@ -28,11 +31,12 @@ type Relay struct {
 	log    *slog.Logger
 	client *safehttp.Client
 
-	mu       sync.Mutex // guards started, eps, readyQ, quitting
-	cond     *sync.Cond // workers wait on it for readyQ
+	mu       sync.Mutex // guards started, sch, timerAt, quitting
+	cond     *sync.Cond // workers wait on it for the scheduler
 	started  bool
-	eps      map[string]*endpointQueue
-	readyQ   []*job // jobs cleared to run, for the workers
+	sch      *sched.Scheduler
+	timerAt  time.Time          // when timerLoop wakes the workers next; zero: not armed
+	rearm    chan time.Duration // tells timerLoop that timerAt moved earlier
 	quitting bool
 
 	held     atomic.Int64 // jobs claimed and not yet handed to the completer
@@ -82,7 +86,8 @@ func (r *Relay) Stats() RelayStats {
 
 // job is one claimed delivery in memory.
 type job struct {
-	c store.Claimed
+	c  store.Claimed
+	sj sched.Job
 	// startBy is the last local time at which sending may begin with the
 	// whole request still inside the lease.
 	startBy time.Time
@@ -113,7 +118,8 @@ func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
 			MaxBodyBytes:        cfg.MaxResponseBytes,
 			MaxIdleConnsPerHost: cfg.EndpointConcurrency,
 		}),
-		eps:        map[string]*endpointQueue{},
+		sch:        sched.New(cfg.schedConfig()),
+		rearm:      make(chan time.Duration, 1),
 		freed:      make(chan struct{}, 1),
 		wakeCh:     make(chan struct{}, 1),
 		timersQuit: make(chan struct{}),
@@ -149,6 +155,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	r.comp = newCompleter(r, r.cfg.Concurrency+r.cfg.BatchSize)
 	go r.comp.run(bg)
 
+	go r.timerLoop()
 	r.workers.Add(r.cfg.Concurrency)
 	for range r.cfg.Concurrency {
 		go r.worker()
@@ -202,19 +209,14 @@ func (r *Relay) stop(ctx context.Context) error {
 	r.fetchCancel()
 	<-r.fetchDone
 	<-r.maintDone
-	close(r.timersQuit)
 
-	// Release what is queued behind busy endpoints.
+	// Release what is held, waiting to start.
 	r.mu.Lock()
-	var waiting []*job
-	for _, q := range r.eps {
-		waiting = append(waiting, q.waiting...)
-		q.waiting = nil
-	}
+	waiting := r.sch.Drain()
 	r.mu.Unlock()
 	now := r.clock.Now()
-	for _, j := range waiting {
-		r.putBack(j, now)
+	for _, sj := range waiting {
+		r.putBack(sj.Value.(*job), now)
 	}
 
 	// Wait for in-flight requests; workers release the jobs still in the
@@ -238,6 +240,7 @@ func (r *Relay) stop(ctx context.Context) error {
 	r.cond.Broadcast()
 	r.mu.Unlock()
 	r.workers.Wait()
+	close(r.timersQuit)
 	r.httpCancel()
 
 	// Write everything back. If ctx is already over, allow a short grace:
