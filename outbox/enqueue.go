@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -119,17 +120,20 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 //
 // A duplicate is the same event enqueued again: the same ID, or the same
 // tenant and idempotency key, with the same tenant, type, payload bytes,
-// version, ordering key and idempotency key (and ID, when ev sets one).
-// It writes nothing and returns the stored event's ID with Duplicate set.
-// Anything else that collides is an error: an ID that another tenant used,
-// or that names other content, matches ErrEventConflict and reveals nothing
-// about the other event; an idempotency key that the tenant used for other
-// content matches ErrIdempotencyConflict, as Stripe does.
+// version (a zero Version counts as the one it stands for), ordering key
+// and idempotency key (and ID, when ev sets one). It writes nothing and
+// returns the stored event's ID with Duplicate set. Anything else that
+// collides is an error: an ID that another tenant used, or that names
+// other content, matches ErrEventConflict and reveals nothing about the
+// other event; an idempotency key that the tenant used for other content
+// matches ErrIdempotencyConflict, as Stripe does.
 //
 // A new event costs one statement; only a collision reads the stored event.
 // When two transactions enqueue the same ID or key at once, the second
-// waits for the first (PostgreSQL, READ COMMITTED) and then sees it
-// committed, a duplicate or a conflict, or rolled back, and inserts.
+// waits for the first and then sees it committed (a duplicate or a
+// conflict) or rolled back (and inserts). That holds under READ COMMITTED,
+// PostgreSQL's default; under REPEATABLE READ or SERIALIZABLE the second
+// fails with a serialization error instead, as any write would.
 func (o *Outbox) EnqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
 	if err := o.validate(&ev); err != nil {
 		return Enqueued{}, err
@@ -314,6 +318,11 @@ func checkPayload(p []byte) error {
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidPayload)
 	case !json.Valid(p):
 		return ErrInvalidPayload
+	}
+	// Most payloads have neither escapes nor many brackets: two counts and
+	// a search, much faster than the scan below, clear them.
+	if bytes.IndexByte(p, '\\') < 0 && bytes.Count(p, []byte{'['})+bytes.Count(p, []byte{'{'}) <= maxPayloadDepth {
+		return nil
 	}
 	// p is valid JSON from here on, so every escape is complete.
 	depth, inString := 0, false
