@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -60,7 +61,8 @@ type Limits struct {
 }
 
 func (l Limits) check() error {
-	if l.RatePerSecond < 0 || l.RatePerSecond > 1e6 || l.Burst < 0 || l.Burst > 1e6 || l.MaxInFlight < 0 || l.MaxInFlight > 10000 {
+	// Written so that NaN, which fails every comparison, is out of range.
+	if !(l.RatePerSecond >= 0 && l.RatePerSecond <= 1e6) || l.Burst < 0 || l.Burst > 1e6 || l.MaxInFlight < 0 || l.MaxInFlight > 10000 {
 		return fmt.Errorf("%w: limits out of range (rate 0..1e6/s, burst 0..1e6, in flight 0..10000)", ErrInvalidEndpoint)
 	}
 	return nil
@@ -177,7 +179,7 @@ func (o *Outbox) checkVersions(v map[string]int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: more than 1000 pinned versions", ErrInvalidEndpoint)
 	}
 	for typ, n := range v {
-		if !typePattern.MatchString(typ) || n < 1 {
+		if !typePattern.MatchString(typ) || n < 1 || n > math.MaxInt32 {
 			return nil, fmt.Errorf("%w: pinned version %.64q: %d", ErrInvalidEndpoint, typ, n)
 		}
 		if c := o.cfg.Catalog; c != nil && !c.has(typ, n) {
@@ -220,6 +222,11 @@ func checkSecret(s string) error {
 func (o *Outbox) checkURL(ctx context.Context, u string) error {
 	if len(u) > 2048 {
 		return fmt.Errorf("%w: longer than 2048 bytes", ErrInvalidURL)
+	}
+	// url.Parse refuses control characters but passes any other byte, and
+	// PostgreSQL text refuses invalid UTF-8.
+	if !utf8Valid(u) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidURL)
 	}
 	return safehttp.CheckURL(ctx, u, o.target)
 }
@@ -325,17 +332,38 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 
 // DisableEndpoint stops deliveries to an endpoint. Its queued deliveries
 // wait, spending no attempts, until it is enabled again; events enqueued
-// while it is disabled are not queued for it.
+// while it is disabled are not queued for it. The reason is kept for
+// operators: UTF-8 without NUL (ErrInvalidEndpoint otherwise), shortened to
+// at most 1024 bytes at a character boundary.
 func (o *Outbox) DisableEndpoint(ctx context.Context, id, reason string) error {
-	if len(reason) > 1024 {
-		reason = reason[:1024]
+	if err := checkEndpointID(id); err != nil {
+		return err
 	}
+	if !utf8Valid(reason) {
+		return fmt.Errorf("%w: disable reason must be UTF-8 without NUL", ErrInvalidEndpoint)
+	}
+	reason = truncateUTF8(reason, 1024)
 	return o.endpointErr(id, o.st.SetEndpointEnabled(ctx, id, false, reason, o.clock.Now()))
+}
+
+// truncateUTF8 shortens valid UTF-8 s to at most n bytes without cutting a
+// character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // EnableEndpoint resumes deliveries to an endpoint; the deliveries that
 // waited while it was disabled become due at once.
 func (o *Outbox) EnableEndpoint(ctx context.Context, id string) error {
+	if err := checkEndpointID(id); err != nil {
+		return err
+	}
 	err := o.st.SetEndpointEnabled(ctx, id, true, "", o.clock.Now())
 	if err == nil {
 		o.wake(ctx)
@@ -346,6 +374,9 @@ func (o *Outbox) EnableEndpoint(ctx context.Context, id string) error {
 // DeleteEndpoint removes an endpoint and its unfinished deliveries. Its
 // dead letters remain for the record but can no longer be replayed.
 func (o *Outbox) DeleteEndpoint(ctx context.Context, id string) error {
+	if err := checkEndpointID(id); err != nil {
+		return err
+	}
 	return o.endpointErr(id, o.st.DeleteEndpoint(ctx, id))
 }
 
@@ -360,6 +391,9 @@ func (o *Outbox) Endpoint(ctx context.Context, id string) (Endpoint, error) {
 
 // Endpoints returns a tenant's endpoints.
 func (o *Outbox) Endpoints(ctx context.Context, tenant string) ([]Endpoint, error) {
+	if !utf8Valid(tenant) {
+		return []Endpoint{}, nil // no endpoint can have it, and PostgreSQL would refuse the query
+	}
 	rows, err := o.st.ListEndpoints(ctx, tenant, false)
 	if err != nil {
 		return nil, err
@@ -376,8 +410,20 @@ func (o *Outbox) Endpoints(ctx context.Context, tenant string) ([]Endpoint, erro
 }
 
 func (o *Outbox) endpointRow(ctx context.Context, id string) (store.EndpointRow, error) {
+	if err := checkEndpointID(id); err != nil {
+		return store.EndpointRow{}, err
+	}
 	row, err := o.st.GetEndpoint(ctx, o.db, id)
 	return row, o.endpointErr(id, err)
+}
+
+// checkEndpointID refuses, as not found, an ID that no endpoint can have
+// and that PostgreSQL would refuse to compare.
+func checkEndpointID(id string) error {
+	if !utf8Valid(id) {
+		return fmt.Errorf("%w: %.64q", ErrEndpointNotFound, id)
+	}
+	return nil
 }
 
 func (o *Outbox) endpointErr(id string, err error) error {

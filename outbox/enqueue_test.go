@@ -106,7 +106,7 @@ func TestEnqueueIdempotent(t *testing.T) {
 		b.endpoint("m", "http://127.0.0.1:9/")
 
 		id1 := b.enqueue(outbox.Event{ID: "evt_fixed", Tenant: "m", Type: "a", Payload: []byte(`1`)})
-		id2 := b.enqueue(outbox.Event{ID: "evt_fixed", Tenant: "m", Type: "a", Payload: []byte(`2`)})
+		id2 := b.enqueue(outbox.Event{ID: "evt_fixed", Tenant: "m", Type: "a", Payload: []byte(`1`)}) // the same event again
 		if id1 != "evt_fixed" || id2 != "evt_fixed" {
 			t.Fatalf("ids %q %q", id1, id2)
 		}

@@ -177,10 +177,21 @@ var (
 	// ErrInvalidEvent: the event is missing a tenant or type, or has a
 	// malformed ID, type or idempotency key.
 	ErrInvalidEvent = errors.New("txhook: invalid event")
-	// ErrInvalidPayload: the payload is not valid JSON.
+	// ErrInvalidPayload: the payload is not valid JSON, or is JSON that a
+	// database or receiver would refuse (see Event.Payload).
 	ErrInvalidPayload = errors.New("txhook: payload is not valid JSON")
 	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("txhook: payload too large")
+	// ErrEventConflict: the event's ID is taken by a different event
+	// (another tenant's, or other content). IDs are global, as receivers
+	// deduplicate on webhook-id; the error tells nothing about the other
+	// event. Use a new ID, or none.
+	ErrEventConflict = errors.New("txhook: event ID already used for a different event")
+	// ErrIdempotencyConflict: the tenant's idempotency key was already used
+	// for an event with another type, payload, version, ordering key or
+	// ID. Replaying the same event is not an error (see EnqueueDetail);
+	// this one means the key was reused for a different operation.
+	ErrIdempotencyConflict = errors.New("txhook: idempotency key already used for a different event")
 
 	// ErrInvalidEndpoint: an endpoint field other than the URL is invalid.
 	ErrInvalidEndpoint = errors.New("txhook: invalid endpoint")

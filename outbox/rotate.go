@@ -27,6 +27,9 @@ type Rotation struct {
 // with either one accepts it. Secrets whose overlap has ended are dropped.
 // It returns the endpoint with its secrets, newest first.
 func (o *Outbox) RotateSecret(ctx context.Context, id string, r Rotation) (Endpoint, error) {
+	if err := checkEndpointID(id); err != nil {
+		return Endpoint{}, err
+	}
 	secret := r.Secret
 	var err error
 	if secret == "" {

@@ -45,7 +45,12 @@ const sqliteEnqueue = `INSERT INTO txhook_events (id, tenant, type, payload, ide
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING`
 
-const existingEvent = `SELECT id FROM txhook_events WHERE id = ? OR (tenant = ? AND idempotency_key = ?)`
+// conflictingEvents reads the events an insert that wrote nothing ran
+// into: the one with the ID, and the one with the tenant's idempotency key
+// (the same row, or two). Under READ COMMITTED this new statement sees a
+// concurrent winner that committed while the insert waited on it.
+const conflictingEvents = `SELECT id, tenant, type, payload, idempotency_key, version, ordering_key
+FROM txhook_events WHERE id = ? OR (tenant = ? AND idempotency_key = ?)`
 
 // EnqueueQueries are the statements InsertEvent runs, for Prepare.
 func (s *Store) EnqueueQueries() []string {
@@ -55,11 +60,14 @@ func (s *Store) EnqueueQueries() []string {
 	return []string{sqliteEnqueue}
 }
 
-// InsertEvent writes ev on q (the caller's transaction). When an event with
-// the same ID, or the same tenant and idempotency key, exists, nothing is
-// written and that event's ID is returned with inserted false. notified
-// reports whether a PostgreSQL wake-up was queued.
-func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify bool) (id string, inserted, notified bool, err error) {
+// InsertEvent writes ev on q (the caller's transaction) in one statement.
+// When an event with the same ID, or the same tenant and idempotency key,
+// exists (or is being inserted by a transaction that then commits), nothing
+// is written and inserted is false: ConflictingEvents then reads what is
+// there. The statement never fails on a conflict, so on PostgreSQL the
+// caller's transaction stays usable. notified reports whether a PostgreSQL
+// wake-up was queued.
+func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify bool) (inserted, notified bool, err error) {
 	var key, okey any
 	if ev.IdempotencyKey != "" {
 		key = ev.IdempotencyKey
@@ -70,39 +78,48 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 	if ev.Version < 1 {
 		ev.Version = 1
 	}
+	query := sqliteEnqueue
 	if s.Dialect == Postgres {
-		query := pgEnqueue
+		query = pgEnqueue
 		if notify {
 			query = pgEnqueueNotify
 		}
-		res, err := s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
-		if err != nil {
-			return "", false, false, err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return "", false, false, err
-		}
-		if n == 1 {
-			return ev.ID, true, notify, nil
-		}
 	} else {
-		res, err := s.exec(ctx, q, sqliteEnqueue, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
-		if err != nil {
-			return "", false, false, err
-		}
-		if n, _ := res.RowsAffected(); n == 1 {
-			return ev.ID, true, false, nil
-		}
+		notify = false
 	}
-	// A conflict: report the event that is already there. Under READ
-	// COMMITTED this new statement sees a concurrent winner that committed
-	// while our insert waited on it.
-	err = q.QueryRowContext(ctx, s.Rebind(existingEvent), ev.ID, ev.Tenant, ev.IdempotencyKey).Scan(&id)
+	res, err := s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
 	if err != nil {
-		return "", false, false, err
+		return false, false, err
 	}
-	return id, false, false, nil
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, false, err
+	}
+	return n == 1, n == 1 && notify, nil
+}
+
+// ConflictingEvents reads, on q, the events that made InsertEvent of ev
+// write nothing: the event with ev.ID and the event with ev.Tenant and
+// ev.IdempotencyKey. Both may be the same row; none is found when they were
+// deleted since (by retention).
+func (s *Store) ConflictingEvents(ctx context.Context, q Querier, ev NewEvent) ([]NewEvent, error) {
+	rows, err := q.QueryContext(ctx, s.Rebind(conflictingEvents), ev.ID, ev.Tenant, ev.IdempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []NewEvent
+	for rows.Next() {
+		var e NewEvent
+		var payload []byte
+		var key, okey sql.NullString
+		if err := rows.Scan(&e.ID, &e.Tenant, &e.Type, &payload, &key, &e.Version, &okey); err != nil {
+			return nil, err
+		}
+		e.Payload, e.IdempotencyKey, e.OrderingKey = string(payload), key.String, okey.String
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }
 
 // exec runs a hot statement, prepared when q allows it.
