@@ -60,6 +60,8 @@ type Relay struct {
 	secrets secretCache
 	pins    pinCache
 	stats   relayCounters
+
+	clockCheck clockCheck // this relay's clock against the database's; see clockcheck.go
 }
 
 type relayCounters struct {
@@ -380,9 +382,12 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 // claim dispatches new events and claims due deliveries, up to n jobs in
 // all, hands them to the workers and returns how many it took.
 func (r *Relay) claim(ctx context.Context, n int) (int, error) {
+	r.checkClock(ctx)
 	start := r.clock.Now()
-	// The lease is measured locally from before the query: a conservative
-	// bound on the expiry the database stores.
+	// The database times the lease by its own clock from when the statement
+	// runs, after this instant: measured locally from here, on the
+	// monotonic clock, it is a conservative bound whatever either clock
+	// reads.
 	startBy := time.Now().Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5)
 	got := 0
 	take := func(batch []store.Claimed) {
@@ -393,14 +398,14 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		}
 		got += len(batch)
 	}
-	fresh, err := r.st.Dispatch(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), n)
+	fresh, err := r.st.Dispatch(ctx, r.cfg.ID, start, r.cfg.Lease, n)
 	if err != nil {
 		return 0, err
 	}
 	take(fresh)
 	// Events with an ordering key take a slower path that keeps their order.
 	if rest := n - got; rest > 0 {
-		keyed, err := r.st.DispatchKeyed(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), rest)
+		keyed, err := r.st.DispatchKeyed(ctx, r.cfg.ID, start, r.cfg.Lease, rest)
 		if err != nil {
 			return got, err
 		}
@@ -409,7 +414,7 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 	// One event can fan out to several deliveries; what is left of n goes
 	// to retries and rescued leases.
 	if rest := n - got; rest > 0 {
-		due, err := r.st.Claim(ctx, r.cfg.ID, start, start.Add(r.cfg.Lease), rest)
+		due, err := r.st.Claim(ctx, r.cfg.ID, start, r.cfg.Lease, rest)
 		if err != nil {
 			return got, err
 		}

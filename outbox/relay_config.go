@@ -44,8 +44,12 @@ type RelayConfig struct {
 	// Lease is how long a claim holds a delivery. A relay that dies leaves
 	// its deliveries to others once their lease expires; a delivery is
 	// never started unless Timeout plus a fifth of Lease remain of it, so
-	// two relays never have it in flight at once. Hosts' clocks must agree
-	// to well within a fifth of Lease. Default 30 s.
+	// two relays never have it in flight at once. The database's clock
+	// times leases, so this holds however far the relays' clocks are off.
+	// A relay whose clock (Config.Clock) is more than a fifth of Lease
+	// from the database's logs a warning: the retry times it schedules,
+	// and which pending deliveries it takes as due, follow its own clock.
+	// Default 30 s.
 	Lease time.Duration
 
 	// PollInterval is the longest a relay waits before looking for due

@@ -114,9 +114,9 @@ func (c *claimer) once(ctx context.Context, want int) (float64, error) {
 	var got []store.Claimed
 	var err error
 	if c.which == "dispatch" {
-		got, err = c.st.Dispatch(ctx, "bench-claim", now, now.Add(24*time.Hour), claimBatch)
+		got, err = c.st.Dispatch(ctx, "bench-claim", now, 24*time.Hour, claimBatch)
 	} else {
-		got, err = c.st.Claim(ctx, "bench-claim", now, now.Add(24*time.Hour), claimBatch)
+		got, err = c.st.Claim(ctx, "bench-claim", now, 24*time.Hour, claimBatch)
 	}
 	el := time.Since(now)
 	if err != nil {
@@ -152,7 +152,7 @@ func interleave(ctx context.Context, cs []*claimer, samples, want int) ([][]floa
 // relay's arguments.
 func explain(ctx context.Context, db *sql.DB, query string) (string, error) {
 	now := time.Now().UTC()
-	rows, err := db.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+query, now, claimBatch, "bench-explain", now.Add(24*time.Hour))
+	rows, err := db.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+query, now, claimBatch, "bench-explain", (24 * time.Hour).Microseconds())
 	if err != nil {
 		return "", err
 	}

@@ -40,19 +40,36 @@ const (
 	claimEndpointCols = `ep.url, ep.secrets, ep.enabled, ep.rate_limit, ep.rate_burst, ep.max_in_flight, ep.versions`
 )
 
+// Leases are timed by the database's clock, not the relay's: a claimed row
+// is 'running' with next_attempt_at = the database's now + the lease, and a
+// running row is due again only when the database's now has passed it. A
+// relay whose clock runs ahead therefore cannot take over deliveries that
+// another relay still has in flight, and one that runs behind cannot hold
+// a dead relay's deliveries back. Pending rows (retries, released and
+// postponed work) stay due by the relay's $now, which scheduled them.
+//
+// The claim walks the partial index txhook_deliveries_due up to the later
+// of the two clocks and filters each row by its own clock: the only rows
+// read and skipped are those due by one clock and not yet by the other,
+// which with clocks in step is next to none.
+
+// pgLeaseUntil is the expiry of a lease of $4 microseconds taken now.
+const pgLeaseUntil = `now() + $4::bigint * interval '1 microsecond'`
+
 // pgClaim takes up to $2 due deliveries. SKIP LOCKED lets any number of
 // relays claim at once without waiting on or taking each other's rows; the
 // claimed rows become 'running' with next_attempt_at set to the lease
 // expiry, so the same query rescues them if their holder dies.
 const pgClaim = `WITH due AS (
     SELECT id, state FROM txhook_deliveries
-    WHERE state IN ('pending', 'running') AND next_attempt_at <= $1
+    WHERE state IN ('pending', 'running') AND next_attempt_at <= GREATEST($1, now())
+      AND CASE state WHEN 'running' THEN next_attempt_at <= now() ELSE next_attempt_at <= $1 END
     ORDER BY next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE txhook_deliveries d
-    SET state = 'running', attempts = d.attempts + 1, lease_owner = $3, next_attempt_at = $4, updated_at = $1
+    SET state = 'running', attempts = d.attempts + 1, lease_owner = $3, next_attempt_at = ` + pgLeaseUntil + `, updated_at = $1
     FROM due WHERE d.id = due.id
     RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key
 )
@@ -62,19 +79,28 @@ FROM claimed c
 JOIN txhook_events e ON e.id = c.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id`
 
+// sqliteNow is SQLite's clock in the unit SQLite times are stored in,
+// integer microseconds since the epoch. julianday('now') (millisecond
+// resolution, within 40 µs after the conversion) works on every SQLite
+// txhook supports; unixepoch('subsec') would need 3.42.
+const sqliteNow = `CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)`
+
 // SQLite has one writer at a time, so the claim is a read and an update in
-// one IMMEDIATE transaction: nobody can take the rows in between.
+// one IMMEDIATE transaction: nobody can take the rows in between. SQLite's
+// own clock times the leases, as PostgreSQL's does there: relays in one
+// process may each have been given a different Config.Clock.
 const sqliteClaimSelect = `SELECT d.id, d.attempts + 1, d.state, d.event_id, ` + claimEventCols + `,
        d.endpoint_id, d.ordering_key, ` + claimEndpointCols + `
 FROM txhook_deliveries d
 JOIN txhook_events e ON e.id = d.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = d.endpoint_id
-WHERE d.state IN ('pending', 'running') AND d.next_attempt_at <= ?
+WHERE d.state IN ('pending', 'running') AND d.next_attempt_at <= max(?1, ` + sqliteNow + `)
+  AND CASE d.state WHEN 'running' THEN d.next_attempt_at <= ` + sqliteNow + ` ELSE d.next_attempt_at <= ?1 END
 ORDER BY d.next_attempt_at
-LIMIT ?`
+LIMIT ?2`
 
 const sqliteClaimUpdate = `UPDATE txhook_deliveries
-SET state = 'running', attempts = attempts + 1, lease_owner = ?, next_attempt_at = ?, updated_at = ?
+SET state = 'running', attempts = attempts + 1, lease_owner = ?, next_attempt_at = ` + sqliteNow + ` + ?, updated_at = ?
 WHERE id IN (SELECT value FROM json_each(?))`
 
 // subscribed is the condition that endpoint ep takes events of type typ:
@@ -108,7 +134,7 @@ var pgDispatch = `WITH ev AS (
     RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at
 ), ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
-    SELECT e.id, ep.id, 'running', 1, $4, $3, $1, $1
+    SELECT e.id, ep.id, 'running', 1, ` + pgLeaseUntil + `, $3, $1, $1
     FROM e JOIN txhook_endpoints ep ON ep.tenant = e.tenant AND ep.enabled
     WHERE ` + (&Store{Dialect: Postgres}).subscribed("e.type") + `
     RETURNING id, event_id, endpoint_id
@@ -132,7 +158,7 @@ WHERE e.id IN (SELECT value FROM json_each(?1)) AND ` + (&Store{Dialect: SQLite}
 ORDER BY e.created_at, ep.id`
 
 const sqliteDispatchInsert = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
-VALUES (?, ?, 'running', 1, ?, ?, ?, ?) RETURNING id`
+VALUES (?, ?, 'running', 1, ` + sqliteNow + ` + ?, ?, ?, ?) RETURNING id`
 
 // ClaimQueries are the statements Claim and Dispatch run, for Prepare.
 func (s *Store) ClaimQueries() []string {
@@ -144,12 +170,12 @@ func (s *Store) ClaimQueries() []string {
 
 // Dispatch fans out up to limit undispatched events without an ordering
 // key, oldest first: it marks them dispatched and creates their
-// deliveries, claimed by owner for their first attempt and leased until
-// leaseUntil. Events no endpoint subscribes to are marked and yield
-// nothing.
-func (s *Store) Dispatch(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Claimed, error) {
+// deliveries, claimed by owner for their first attempt and leased for
+// lease by the database's clock. Events no endpoint subscribes to are
+// marked and yield nothing.
+func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		args := []any{s.T(now), limit, owner, s.T(leaseUntil)}
+		args := []any{s.T(now), limit, owner, lease.Microseconds()}
 		return s.queryClaimed(ctx, pgDispatch, limit, args...)
 	}
 	var out []Claimed
@@ -183,7 +209,7 @@ func (s *Store) Dispatch(ctx context.Context, owner string, now, leaseUntil time
 		}
 		for i := range out {
 			if err := q.QueryRowContext(ctx, sqliteDispatchInsert, out[i].EventID, out[i].EndpointID,
-				s.T(leaseUntil), owner, s.T(now), s.T(now)).Scan(&out[i].ID); err != nil {
+				lease.Microseconds(), owner, s.T(now), s.T(now)).Scan(&out[i].ID); err != nil {
 				return err
 			}
 		}
@@ -253,8 +279,17 @@ WHERE tenant = ? AND ordering_key = ? AND dispatched_at IS NULL
 
 const keyedMark = `UPDATE txhook_events SET dispatched_at = ? WHERE id = ?`
 
-const keyedInsert = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, ordering_key, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+// keyedInsert creates a keyed delivery: running, leased for the second
+// time argument (microseconds, by the database's clock), or blocked, due
+// at the first (nothing claims a blocked row; Unblock makes it pending).
+func (s *Store) keyedInsert() string {
+	next := `COALESCE(?, ` + sqliteNow + ` + ?)`
+	if s.Dialect == Postgres {
+		next = `COALESCE(?::timestamptz, now() + ?::bigint * interval '1 microsecond')`
+	}
+	return s.Rebind(`INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, ordering_key, created_at, updated_at)
+VALUES (?, ?, ?, ?, ` + next + `, ?, ?, ?, ?) RETURNING id`)
+}
 
 // lockKeys takes the advisory locks of the given tenant/key pairs, in one
 // global order so relays never deadlock. SQLite needs none: the
@@ -272,7 +307,7 @@ func lockName(tenant, key string) string { return tenant + "\x1f" + key }
 
 // DispatchKeyed fans out up to limit undispatched events that have an
 // ordering key, as Dispatch does, holding back what the order requires.
-func (s *Store) DispatchKeyed(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Claimed, error) {
+func (s *Store) DispatchKeyed(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	// A one-row look first: most outboxes have no keyed event waiting, and
 	// the transaction below would cost them three round trips (and, on
 	// SQLite, the write lock) on every claim.
@@ -312,6 +347,7 @@ WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL LIMIT 1) x`).Scan(&prob
 FROM txhook_endpoints ep
 WHERE ep.tenant = ` + ph(2) + ` AND ep.enabled AND ` + s.subscribed(ph(3)) + `
 ORDER BY ep.id`
+		insert := s.keyedInsert()
 		for _, id := range ids {
 			e := events[id]
 			var earlier int
@@ -347,11 +383,11 @@ ORDER BY ep.id`
 				return err
 			}
 			for i := range cs {
-				state, attempts, next, lease := StateRunning, 1, s.T(leaseUntil), any(owner)
+				state, attempts, next, leaseUS, holder := StateRunning, 1, any(nil), any(lease.Microseconds()), any(owner)
 				if blocked[i] {
-					state, attempts, next, lease = StateBlocked, 0, s.T(now), nil
+					state, attempts, next, leaseUS, holder = StateBlocked, 0, s.T(now), nil, nil
 				}
-				if err := q.QueryRowContext(ctx, s.Rebind(keyedInsert), e.id, cs[i].EndpointID, state, attempts, next, lease,
+				if err := q.QueryRowContext(ctx, insert, e.id, cs[i].EndpointID, state, attempts, next, leaseUS, holder,
 					e.key, s.T(now), s.T(now)).Scan(&cs[i].ID); err != nil {
 					return err
 				}
@@ -436,11 +472,13 @@ LIMIT ?`), limit)
 	return out, rows.Err()
 }
 
-// Claim takes up to limit deliveries due at now for owner, leased until
-// leaseUntil.
-func (s *Store) Claim(ctx context.Context, owner string, now, leaseUntil time.Time, limit int) ([]Claimed, error) {
+// Claim takes up to limit deliveries for owner, leased for lease by the
+// database's clock: pending ones due at now (the relay's clock, which
+// scheduled them), and running ones whose lease has expired by the
+// database's clock.
+func (s *Store) Claim(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		return s.queryClaimed(ctx, pgClaim, limit, s.T(now), limit, owner, s.T(leaseUntil))
+		return s.queryClaimed(ctx, pgClaim, limit, s.T(now), limit, owner, lease.Microseconds())
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {
@@ -461,7 +499,7 @@ func (s *Store) Claim(ctx context.Context, owner string, now, leaseUntil time.Ti
 			ids.WriteString(strconv.FormatInt(c.ID, 10))
 		}
 		ids.WriteByte(']')
-		_, err = q.ExecContext(ctx, sqliteClaimUpdate, owner, s.T(leaseUntil), s.T(now), ids.String())
+		_, err = q.ExecContext(ctx, sqliteClaimUpdate, owner, lease.Microseconds(), s.T(now), ids.String())
 		return err
 	})
 	if err != nil {
