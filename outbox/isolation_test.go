@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -31,6 +32,9 @@ type hangingReceiver struct {
 func newHangingReceiver(t *testing.T) *hangingReceiver {
 	h := &hangingReceiver{release: make(chan struct{})}
 	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read the body first: only then does the server notice a client
+		// that gives up (the request's context ends).
+		io.Copy(io.Discard, r.Body)
 		h.started.Add(1)
 		defer h.finished.Add(1)
 		select {

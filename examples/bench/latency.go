@@ -33,7 +33,7 @@ type latencyResult struct {
 func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver) error {
 	var detail strings.Builder
 	for _, r := range cfg.LatencyRates {
-		res, err := latencyRun(ctx, cfg, rcv, r, p)
+		res, err := latencyRun(ctx, cfg, rcv, r, p, nil)
 		if err != nil {
 			return fmt.Errorf("%d/s: %w", r, err)
 		}
@@ -54,7 +54,11 @@ func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 	return nil
 }
 
-func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *progress) (latencyResult, error) {
+// latencyRun measures one tenant's commit-to-receipt latency at perSec
+// events a second. neighbours, when set, is called before the relay starts
+// to add other tenants' load; the function it returns stops that load.
+func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *progress,
+	neighbours func(ctx context.Context, s *pgSchema) (stop func(), err error)) (latencyResult, error) {
 	res := latencyResult{rate: perSec}
 	obCfg := localOutbox()
 	obCfg.NotifyInterval = cfg.NotifyInterval
@@ -69,6 +73,13 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	const tenant = "merchant_latency"
 	if _, err := s.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: rcv.URL}); err != nil {
 		return res, err
+	}
+	if neighbours != nil {
+		stop, err := neighbours(ctx, s)
+		if err != nil {
+			return res, err
+		}
+		defer stop()
 	}
 	relay, err := s.ob.NewRelay(outbox.RelayConfig{})
 	if err != nil {

@@ -15,6 +15,9 @@
 //     concurrency, alternating rounds.
 //   - latency: commit-to-receipt percentiles under an open-loop generator at
 //     fixed rates, default relay settings.
+//   - fairness: the same for one tenant at a fixed rate beside hostile
+//     tenants (hanging receivers, endpoints limited to 0.01/s, open
+//     circuits), against that tenant alone.
 //   - backlog: one claim batch (the dispatch statement and the retry claim
 //     statement) with a small and a large backlog, and the peak RSS of a
 //     separate relay process draining the large one.
@@ -54,7 +57,7 @@ import (
 const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
 
 // allParts lists the parts in the order they run.
-var allParts = []string{"enqueue", "drain", "latency", "backlog", "sqlite", "signer"}
+var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "sqlite", "signer"}
 
 // config holds every knob of a run; defaults are the published settings.
 type config struct {
@@ -73,6 +76,8 @@ type config struct {
 	LatencyRates  []int
 	LatencyWarmup time.Duration
 	LatencyDur    time.Duration
+
+	FairnessRate int // the calm tenant's events per second
 
 	BacklogSmall int
 	BacklogLarge int
@@ -104,6 +109,7 @@ func defaultConfig() config {
 		LatencyRates:    []int{500, 2000},
 		LatencyWarmup:   3 * time.Second,
 		LatencyDur:      15 * time.Second,
+		FairnessRate:    100,
 		BacklogSmall:    10000,
 		BacklogLarge:    1000000,
 		ClaimSamples:    25,
@@ -143,6 +149,7 @@ func main() {
 	rates := flag.String("latency-rates", joinInts(cfg.LatencyRates), "latency: events per second, comma-separated")
 	flag.DurationVar(&cfg.LatencyWarmup, "latency-warmup", cfg.LatencyWarmup, "latency: warm-up before measuring")
 	flag.DurationVar(&cfg.LatencyDur, "latency-dur", cfg.LatencyDur, "latency: measured duration per rate")
+	flag.IntVar(&cfg.FairnessRate, "fairness-rate", cfg.FairnessRate, "fairness: the calm tenant's events per second (warm-up and duration as for latency)")
 	flag.IntVar(&cfg.BacklogSmall, "backlog-small", cfg.BacklogSmall, "backlog: small backlog size")
 	flag.IntVar(&cfg.BacklogLarge, "backlog-large", cfg.BacklogLarge, "backlog: large backlog size")
 	flag.IntVar(&cfg.ClaimSamples, "claim-samples", cfg.ClaimSamples, "backlog: timed claim batches per statement and size")
@@ -234,6 +241,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 		{"enqueue", true, func() error { return partEnqueue(ctx, cfg, rep, p) }},
 		{"drain", true, func() error { return partDrain(ctx, cfg, rep, p, rcv) }},
 		{"latency", true, func() error { return partLatency(ctx, cfg, rep, p, rcv) }},
+		{"fairness", true, func() error { return partFairness(ctx, cfg, rep, p, rcv) }},
 		{"backlog", true, func() error { return partBacklog(ctx, cfg, rep, p, rcv) }},
 		{"sqlite", false, func() error { return partSQLite(ctx, cfg, rep, p, rcv) }},
 		{"signer", false, func() error { return partSigner(cfg, rep, p) }},

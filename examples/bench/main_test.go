@@ -32,6 +32,7 @@ func tinyConfig() config {
 		LatencyRates:    []int{200},
 		LatencyWarmup:   200 * time.Millisecond,
 		LatencyDur:      500 * time.Millisecond,
+		FairnessRate:    50,
 		BacklogSmall:    800,
 		BacklogLarge:    2000,
 		ClaimSamples:    3,
@@ -49,12 +50,13 @@ func tinyConfig() config {
 // TXHOOK_TEST_POSTGRES_DSN is set. The figures mean nothing.
 func TestPartsSmoke(t *testing.T) {
 	want := map[string][]string{
-		"enqueue": {"Enqueue, lib/pq", "Enqueue, pgx"},
-		"drain":   {"drain, PostgreSQL (pgx), 16 in flight", "drain, PostgreSQL (pgx), 100 in flight"},
-		"latency": {"latency at 200 events/s"},
-		"backlog": {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog", "without a VACUUM since"},
-		"sqlite":  {"drain, SQLite"},
-		"signer":  {},
+		"enqueue":  {"Enqueue, lib/pq", "Enqueue, pgx"},
+		"drain":    {"drain, PostgreSQL (pgx), 16 in flight", "drain, PostgreSQL (pgx), 100 in flight"},
+		"latency":  {"latency at 200 events/s"},
+		"fairness": {"beside hostile tenants"},
+		"backlog":  {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog", "without a VACUUM since"},
+		"sqlite":   {"drain, SQLite"},
+		"signer":   {},
 	}
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {

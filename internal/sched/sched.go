@@ -182,7 +182,7 @@ type endpoint struct {
 	burst      int
 	tokens     float64
 	tokensAt   time.Time
-	backCursor time.Time // latest time a rate-limited job was given back for
+	backCursor time.Time // latest time a job was given back for
 
 	circuit   circuitState
 	failures  int
@@ -365,22 +365,25 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 		s.enring(e)
 		return true, time.Time{}
 	}
-	if rateStart.After(now) && !rateStart.Before(start) {
-		// Give rate-limited jobs back one slot apart, so they come due at
-		// the pace the endpoint takes them instead of all at once.
-		at = maxTime(rateStart, e.backCursor.Add(time.Duration(float64(time.Second)/e.rate)))
-		if at.After(now.Add(s.cfg.MaxPostpone)) {
-			return false, s.capAt(at, now)
-		}
-		e.backCursor = at
-		return false, at
-	}
-	if !e.proven {
-		// Its first answer is still out; by the time this is due again the
-		// endpoint is likely known.
+	if !e.proven && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
+		// Its first answer is still out, and not late yet: by the time this
+		// is due again the endpoint is likely known.
 		return false, now.Add(max(50*time.Millisecond, 2*e.oldest(now)))
 	}
-	return false, s.capAt(start, now)
+	// Give jobs back one slot of the endpoint's pace apart (its rate, or
+	// its request time over its in-flight cap), so that a backlog comes
+	// due as fast as the endpoint takes it instead of all at once, again
+	// and again.
+	pace := est / time.Duration(e.capacity())
+	if e.rate > 0 {
+		pace = max(pace, time.Duration(float64(time.Second)/e.rate))
+	}
+	at = maxTime(start, e.backCursor.Add(pace))
+	if at.After(now.Add(s.cfg.MaxPostpone)) {
+		return false, s.capAt(at, now)
+	}
+	e.backCursor = at
+	return false, at
 }
 
 // slowLoad counts the requests in flight to, and the jobs held for,

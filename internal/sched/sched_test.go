@@ -474,3 +474,38 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 		}
 	}
 }
+
+func TestSlowEndpointBacklogGoesBackAtItsPace(t *testing.T) {
+	h := newHarness(t, Config{Concurrency: 32})
+	lim := Limits{MaxInFlight: 1}
+	// Known: each request takes the whole 5 s timeout.
+	for range 20 {
+		_, hold, _ := h.add("m", "slow", lim)
+		j := h.s.Next(h.now)
+		if !hold || j == nil {
+			h.s.Expire(h.now.Add(time.Hour))
+			continue
+		}
+		h.s.Done(h.now, j, Fault, 5*time.Second)
+	}
+	h.add("m", "slow", lim)
+	if h.s.Next(h.now) == nil {
+		t.Fatal("nothing in flight")
+	}
+	var ats []time.Time
+	for range 30 {
+		_, hold, at := h.add("m", "slow", lim)
+		if hold {
+			t.Fatal("held a job that cannot start for 5 s")
+		}
+		ats = append(ats, at)
+	}
+	for i := 1; i < len(ats); i++ {
+		if ats[i].Before(h.now.Add(5*time.Minute)) && ats[i].Sub(ats[i-1]) < 4*time.Second {
+			t.Fatalf("jobs %d and %d back %v apart; the endpoint takes one per ~5 s", i-1, i, ats[i].Sub(ats[i-1]))
+		}
+	}
+	if ats[0].Before(h.now.Add(4 * time.Second)) {
+		t.Fatalf("first job back at +%v, before the request in flight can end", ats[0].Sub(h.now))
+	}
+}
