@@ -157,6 +157,7 @@ const (
 
 type tenant struct {
 	name     string
+	eps      int // endpoints known
 	inflight int
 	waiting  int
 	ring     []*endpoint // endpoints with waiting jobs, round-robin
@@ -202,6 +203,8 @@ type Scheduler struct {
 	inflight  int
 	waiting   int
 	lastPrune time.Time
+	expireAt  time.Time // no held job expires before this
+	dirty     bool      // an endpoint in the rings may have nothing waiting
 }
 
 // New returns a Scheduler.
@@ -229,6 +232,7 @@ func (s *Scheduler) endpoint(j *Job) *endpoint {
 			s.tenants[j.Tenant] = t
 		}
 		e = &endpoint{id: j.Endpoint, t: t, allowance: 1}
+		t.eps++
 		s.eps[j.Endpoint] = e
 	}
 	return e
@@ -363,6 +367,9 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 		t.waiting++
 		s.waiting++
 		s.enring(e)
+		if exp := now.Add(s.cfg.Horizon); s.expireAt.IsZero() || exp.Before(s.expireAt) {
+			s.expireAt = exp
+		}
 		return true, time.Time{}
 	}
 	if !e.proven && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
@@ -470,6 +477,9 @@ func (s *Scheduler) pick(t *tenant, now time.Time, slow *int) *Job {
 		e.waiting = e.waiting[1:]
 		t.waiting--
 		s.waiting--
+		if len(e.waiting) == 0 {
+			s.dirty = true
+		}
 		if e.rate > 0 {
 			e.tokens--
 		}
@@ -516,6 +526,10 @@ func (s *Scheduler) startable(e *endpoint, now time.Time, slow *int) bool {
 // tidy drops endpoints without waiting jobs from the rings, and tenants
 // without such endpoints.
 func (s *Scheduler) tidy() {
+	if !s.dirty {
+		return
+	}
+	s.dirty = false
 	keep := s.ring[:0]
 	for _, t := range s.ring {
 		eps := t.ring[:0]
@@ -618,6 +632,7 @@ func (s *Scheduler) open(e *endpoint, now time.Time) []Back {
 	e.t.waiting -= len(e.waiting)
 	clear(e.waiting)
 	e.waiting = e.waiting[:0]
+	s.dirty = true
 	return back
 }
 
@@ -626,23 +641,30 @@ func (s *Scheduler) open(e *endpoint, now time.Time) []Back {
 // other work runs meanwhile, and forgets endpoints idle for long.
 func (s *Scheduler) Expire(now time.Time) []Back {
 	var back []Back
-	cut := now.Add(-s.cfg.Horizon)
-	for _, t := range s.ring {
-		for _, e := range t.ring {
-			n := 0
-			for n < len(e.waiting) && !e.waiting[n].queued.After(cut) {
-				back = append(back, Back{Job: e.waiting[n], At: now.Add(max(s.cfg.Horizon, s.estimate(e, now))), Reason: "expired"})
-				e.waiting[n] = nil
-				n++
-			}
-			if n > 0 {
-				e.waiting = e.waiting[n:]
-				t.waiting -= n
-				s.waiting -= n
+	if !s.expireAt.IsZero() && !now.Before(s.expireAt) {
+		s.expireAt = time.Time{}
+		cut := now.Add(-s.cfg.Horizon)
+		for _, t := range s.ring {
+			for _, e := range t.ring {
+				n := 0
+				for n < len(e.waiting) && !e.waiting[n].queued.After(cut) {
+					back = append(back, Back{Job: e.waiting[n], At: now.Add(max(s.cfg.Horizon, s.estimate(e, now))), Reason: "expired"})
+					e.waiting[n] = nil
+					n++
+				}
+				if n > 0 {
+					e.waiting = e.waiting[n:]
+					t.waiting -= n
+					s.waiting -= n
+					s.dirty = true
+				}
+				if len(e.waiting) > 0 {
+					if exp := e.waiting[0].queued.Add(s.cfg.Horizon); s.expireAt.IsZero() || exp.Before(s.expireAt) {
+						s.expireAt = exp
+					}
+				}
 			}
 		}
-	}
-	if len(back) > 0 {
 		s.tidy()
 	}
 	if now.Sub(s.lastPrune) >= time.Minute || len(s.eps) > maxIdleEndpoints {
@@ -662,19 +684,8 @@ func (s *Scheduler) prune(now time.Time) {
 		}
 		if now.Sub(e.lastUsed) >= idleTTL || len(s.eps) > maxIdleEndpoints {
 			delete(s.eps, id)
-		}
-	}
-	for name, t := range s.tenants {
-		if t.inflight == 0 && !t.inRing {
-			used := false
-			for _, e := range s.eps {
-				if e.t == t {
-					used = true
-					break
-				}
-			}
-			if !used {
-				delete(s.tenants, name)
+			if e.t.eps--; e.t.eps == 0 {
+				delete(s.tenants, e.t.name)
 			}
 		}
 	}
@@ -719,6 +730,7 @@ func (s *Scheduler) Drain() []*Job {
 		t.waiting = 0
 	}
 	s.waiting = 0
+	s.dirty = true
 	s.tidy()
 	return out
 }
