@@ -140,7 +140,7 @@ func newOutcome(j *job, now, deadline time.Time) outcome {
 	out := outcome{
 		Completion: store.Completion{ID: c.ID, Attempt: c.Attempt},
 		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID, orderingKey: c.OrderingKey,
-		deadline:   deadline,
+		deadline: deadline,
 	}
 	if c.LeaseLapsed {
 		out.Records = append(out.Records, store.AttemptRecord{

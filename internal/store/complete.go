@@ -29,7 +29,7 @@ type Completion struct {
 	NextAt   time.Time // next attempt time when State is pending
 	Record   bool      // set last_status and last_error from Status and Error
 	Status   int       // 0: no HTTP response
-	Error    string
+	Error    string    // may hold receiver text: Complete cleans it (see CleanText)
 
 	// Records are attempt log rows to insert with this completion.
 	Records []AttemptRecord
@@ -41,8 +41,8 @@ type AttemptRecord struct {
 	StartedAt time.Time
 	Duration  time.Duration
 	Status    int
-	Excerpt   string
-	Error     string
+	Excerpt   string // receiver text, cleaned by Complete
+	Error     string // may hold receiver text, cleaned by Complete
 }
 
 // pgComplete applies a batch of completions in one statement, so the
