@@ -13,13 +13,22 @@ import (
 // completer writes outcomes back in batches. It takes whatever has queued
 // up while the previous write ran, so batches grow with load and a lone
 // completion is written at once.
+//
+// A write that fails is retried with a growing pause, and meanwhile new
+// outcomes keep being accepted (up to maxPending), so the workers never
+// wait on a database that is down. An outcome is retried only until its
+// lease ends: after that another relay takes the delivery over and records
+// the attempt as lapsed. What the database refuses is the store's to
+// isolate (store.Complete splits the batch and falls back to an outcome
+// without the receiver's text); here it is only logged.
 type completer struct {
 	r       *Relay
 	in      chan outcome
 	done    chan struct{}
 	closeMu sync.Mutex
 	closed  bool
-	// abort, once closed, makes flushes give up instead of retrying: the
+	// abort, once closed, makes the completer give up instead of retrying:
+	// each batch is still written once, and what fails is dropped. The
 	// leases of whatever is dropped expire and other relays redo it.
 	abort     chan struct{}
 	abortOnce sync.Once
@@ -28,7 +37,15 @@ type completer struct {
 	healthy map[string]time.Time
 }
 
-const maxCompletionBatch = 500
+const (
+	maxCompletionBatch = 500
+	// maxPending bounds the outcomes held while writes fail; beyond it the
+	// workers wait, and with them the claiming.
+	maxPending = 4 * maxCompletionBatch
+	// Pauses between failed writes.
+	minWriteBackoff = 50 * time.Millisecond
+	maxWriteBackoff = 5 * time.Second
+)
 
 func newCompleter(r *Relay, size int) *completer {
 	return &completer{
@@ -47,6 +64,13 @@ type outcome struct {
 	// toward its circuit breaker. local: the attempt failed on our side
 	// (signing, conversion) and says nothing about the receiver.
 	fault, local bool
+	// deadline is when the delivery's lease ends, on the local monotonic
+	// clock (time.Now, never the relay's Clock). Past it the outcome is
+	// not retried: another relay may own the delivery. Zero: never
+	// retried.
+	deadline time.Time
+	// unwritten is why the last write of this outcome failed, if one did.
+	unwritten error
 }
 
 func (c *completer) add(x outcome) { c.in <- x }
@@ -70,59 +94,162 @@ func (c *completer) close(ctx context.Context) {
 
 func (c *completer) giveUp() { c.abortOnce.Do(func() { close(c.abort) }) }
 
-func (c *completer) run(ctx context.Context) {
-	defer close(c.done)
-	batch := make([]outcome, 0, maxCompletionBatch)
-	rows := make([]store.Completion, 0, maxCompletionBatch)
-	for {
-		x, ok := <-c.in
-		if !ok {
-			return
-		}
-		batch = append(batch[:0], x)
-	drain:
-		for len(batch) < maxCompletionBatch {
-			select {
-			case x, ok := <-c.in:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, x)
-			default:
-				break drain
-			}
-		}
-		rows = rows[:0]
-		for i := range batch {
-			rows = append(rows, batch[i].Completion)
-		}
-		c.flush(ctx, batch, rows)
+func (c *completer) aborted(ctx context.Context) bool {
+	select {
+	case <-c.abort:
+		return true
+	case <-ctx.Done():
+		return true
+	default:
+		return false
 	}
 }
 
-func (c *completer) flush(ctx context.Context, batch []outcome, rows []store.Completion) {
+func (c *completer) run(ctx context.Context) {
+	defer close(c.done)
 	r := c.r
-	backoff := 50 * time.Millisecond
+	var pending []outcome
+	open := true
+	backoff := time.Duration(0)
 	for {
-		applied, err := r.st.Complete(ctx, r.cfg.ID, r.clock.Now(), rows)
-		if err == nil {
-			c.report(ctx, batch, applied)
-			return
+		if len(pending) == 0 {
+			x, ok := <-c.in
+			if !ok {
+				return
+			}
+			pending = append(pending, x)
 		}
-		r.log.Warn("txhook: writing delivery outcomes failed; retrying", "deliveries", len(batch), "error", err)
-		t := time.NewTimer(backoff)
+		open = c.accept(&pending, open)
+		pending = c.expire(pending)
+		if len(pending) == 0 {
+			if !open {
+				return
+			}
+			continue
+		}
+		n := min(len(pending), maxCompletionBatch)
+		left, err := c.flush(ctx, pending[:n])
+		pending = append(left, pending[n:]...)
+		if err == nil {
+			backoff = 0
+			continue
+		}
+		if c.aborted(ctx) {
+			r.stats.lost.Add(uint64(len(left)))
+			r.log.Warn("txhook: relay stopping with outcomes unwritten; their leases will expire and the deliveries be retried",
+				"deliveries", len(left), "error", err)
+			pending = append(pending[:0], pending[len(left):]...)
+			continue
+		}
+		backoff = min(max(2*backoff, minWriteBackoff), maxWriteBackoff)
+		r.log.Warn("txhook: writing delivery outcomes failed; retrying", "deliveries", len(left),
+			"retry_in", backoff, "error", err)
+		open = c.wait(ctx, backoff, &pending, open)
+	}
+}
+
+// accept takes the outcomes queued on c.in, without waiting, up to
+// maxPending, and reports whether c.in is still open.
+func (c *completer) accept(pending *[]outcome, open bool) bool {
+	for open && len(*pending) < maxPending {
+		select {
+		case x, ok := <-c.in:
+			if !ok {
+				return false
+			}
+			*pending = append(*pending, x)
+		default:
+			return true
+		}
+	}
+	return open
+}
+
+// wait pauses for d after a failed write, or until the relay gives up,
+// accepting outcomes meanwhile; it reports whether c.in is still open.
+func (c *completer) wait(ctx context.Context, d time.Duration, pending *[]outcome, open bool) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		in := c.in
+		if !open || len(*pending) >= maxPending {
+			in = nil
+		}
 		select {
 		case <-t.C:
+			return open
 		case <-c.abort:
-			t.Stop()
-			r.log.Warn("txhook: relay stopping with outcomes unwritten; their leases will expire and the deliveries be retried", "deliveries", len(batch))
-			return
+			return open
 		case <-ctx.Done():
-			t.Stop()
-			return
+			return open
+		case x, ok := <-in:
+			if !ok {
+				open = false
+				continue
+			}
+			*pending = append(*pending, x)
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// expire drops the outcomes that failed to be written and whose lease has
+// ended since, logging each once with why its write failed.
+func (c *completer) expire(pending []outcome) []outcome {
+	r := c.r
+	now := time.Now()
+	kept := pending[:0]
+	for _, x := range pending {
+		if x.unwritten == nil || (!x.deadline.IsZero() && now.Before(x.deadline)) {
+			kept = append(kept, x)
+			continue
+		}
+		r.stats.lost.Add(1)
+		r.log.Warn("txhook: outcome not written before the lease ended; another relay will take the delivery over",
+			"delivery", x.ID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", x.unwritten)
+	}
+	clear(pending[len(kept):])
+	return kept
+}
+
+// flush writes batch once, reports what was written and returns what was
+// not, for a retry, with the error that stopped the write.
+func (c *completer) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
+	r := c.r
+	rows := make([]store.Completion, len(batch))
+	for i := range batch {
+		rows[i] = batch[i].Completion
+	}
+	res, err := r.st.Complete(ctx, r.cfg.ID, r.clock.Now(), rows)
+	var left []outcome
+	done := make([]outcome, 0, len(batch))
+	unwritten := make(map[int]bool, len(res.Unwritten))
+	for _, i := range res.Unwritten {
+		unwritten[i] = true
+	}
+	for i := range batch {
+		x := batch[i]
+		if cause, ok := res.Refused[i]; ok {
+			r.stats.lost.Add(1)
+			r.log.Warn("txhook: the database refused a delivery outcome, even without the receiver's text; its lease will expire and the delivery be retried",
+				"delivery", x.ID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
+			continue
+		}
+		if unwritten[i] {
+			x.unwritten = err
+			left = append(left, x)
+			continue
+		}
+		if cause, ok := res.Substituted[i]; ok {
+			r.log.Warn("txhook: the database refused a delivery outcome; stored it without the receiver's text",
+				"delivery", x.ID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
+			x.Completion = store.Fallback(x.Completion, cause)
+		}
+		done = append(done, x)
+	}
+	if len(done) > 0 {
+		c.report(ctx, done, res.Applied)
+	}
+	return left, err
 }
 
 // report logs what the batch did, tells the host about dead letters and

@@ -31,7 +31,7 @@ var jsonContentType = []string{"application/json"}
 func (r *Relay) process(j *job) (outcome, time.Duration) {
 	c := &j.c
 	now := r.clock.Now()
-	out := newOutcome(j, now)
+	out := newOutcome(j, now, r.leaseEnd(j))
 	switch {
 	case r.stopping.Load(), time.Now().After(j.startBy):
 		// Stopping, or waited so long the lease might not cover a request.
@@ -99,12 +99,17 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 }
 
 // fail schedules the next attempt after a failed one, or dead-letters the
-// delivery when the policy has no attempt left (or final is set).
+// delivery when the policy has no attempt left (or final is set). msg and
+// the attempt's record may hold what a receiver chose (a certificate's
+// names, a redirect target): they are cleaned here, so that the log line
+// and the callbacks carry what the database will.
 func (r *Relay) fail(out outcome, started, now time.Time, status int, msg, retryAfter string, final bool) outcome {
+	msg = store.CleanError(msg)
 	out.Attempts, out.Record, out.Status, out.Error = out.Attempt, true, status, msg
 	if len(out.Records) == 0 || out.Records[len(out.Records)-1].Attempt != out.Attempt {
 		out.Records = append(out.Records, store.AttemptRecord{Attempt: out.Attempt, StartedAt: started, Status: status, Error: msg})
 	}
+	out.Completion = out.Completion.Clean()
 	delay, ok := r.cfg.Retry.Next(out.Attempt)
 	if final || !ok {
 		out.State = store.StateDead
@@ -126,14 +131,16 @@ func (r *Relay) fail(out outcome, started, now time.Time, status int, msg, retry
 	return out
 }
 
-// newOutcome starts the outcome of j. If the previous holder of the
-// delivery died or stalled without recording its attempt, that attempt is
-// recorded now as failed.
-func newOutcome(j *job, now time.Time) outcome {
+// newOutcome starts the outcome of j, to be written before deadline (the
+// end of j's lease, on the local monotonic clock) or not at all. If the
+// previous holder of the delivery died or stalled without recording its
+// attempt, that attempt is recorded now as failed.
+func newOutcome(j *job, now, deadline time.Time) outcome {
 	c := &j.c
 	out := outcome{
 		Completion: store.Completion{ID: c.ID, Attempt: c.Attempt},
 		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID, orderingKey: c.OrderingKey,
+		deadline: deadline,
 	}
 	if c.LeaseLapsed {
 		out.Records = append(out.Records, store.AttemptRecord{
@@ -153,7 +160,13 @@ func releaseOutcome(out outcome, at time.Time) outcome {
 
 // postpone gives j back, due at `at`, without spending its attempt.
 func (r *Relay) postpone(j *job, at time.Time) outcome {
-	return releaseOutcome(newOutcome(j, r.clock.Now()), at)
+	return releaseOutcome(newOutcome(j, r.clock.Now(), r.leaseEnd(j)), at)
+}
+
+// leaseEnd is when j's lease ends on the local monotonic clock, as far as
+// the relay can tell: startBy leaves Timeout and a fifth of the lease.
+func (r *Relay) leaseEnd(j *job) time.Time {
+	return j.startBy.Add(r.cfg.Timeout + r.cfg.Lease/5)
 }
 
 func (r *Relay) deadLettered(x *outcome) {

@@ -3,6 +3,9 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"reflect"
+	"strconv"
 	"time"
 )
 
@@ -26,7 +29,7 @@ type Completion struct {
 	NextAt   time.Time // next attempt time when State is pending
 	Record   bool      // set last_status and last_error from Status and Error
 	Status   int       // 0: no HTTP response
-	Error    string
+	Error    string    // may hold receiver text: Complete cleans it (see CleanText)
 
 	// Records are attempt log rows to insert with this completion.
 	Records []AttemptRecord
@@ -38,8 +41,8 @@ type AttemptRecord struct {
 	StartedAt time.Time
 	Duration  time.Duration
 	Status    int
-	Excerpt   string
-	Error     string
+	Excerpt   string // receiver text, cleaned by Complete
+	Error     string // may hold receiver text, cleaned by Complete
 }
 
 // pgComplete applies a batch of completions in one statement, so the
@@ -121,12 +124,118 @@ type pgAttempt struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// Complete writes a batch of completions for owner and returns the IDs of
-// the deliveries it applied to; the others had lost their lease.
-func (s *Store) Complete(ctx context.Context, owner string, now time.Time, cs []Completion) ([]int64, error) {
+// Completed is what Complete did with a batch; indexes are positions in
+// the batch.
+type Completed struct {
+	// Applied lists the deliveries written: the completion itself or, for
+	// those in Substituted, its fallback. A delivery neither applied,
+	// refused nor unwritten had lost its lease to another relay.
+	Applied []int64
+	// Substituted holds the completions the database refused, with the
+	// refusal, whose Fallback was written in their place (when the lease
+	// still held).
+	Substituted map[int]error
+	// Refused holds the completions that could not be written even as
+	// their fallback, with the refusal: their leases will expire and other
+	// relays redo them.
+	Refused map[int]error
+	// Unwritten lists the completions left unwritten when Complete
+	// returns an error; the caller may retry them after a pause.
+	Unwritten []int
+}
+
+// Complete writes a batch of completions for owner. Each is cleaned first
+// (Completion.Clean), so nothing a receiver sent can make the database
+// refuse it.
+//
+// One completion the database still refuses never holds back the others:
+// a refused batch is split in halves written apart, down to the single
+// completion, which is written once more as its Fallback, and reported in
+// Refused if even that fails. Only refusals caused by the data are handled
+// so (a data exception, a constraint, a size limit). Any other failure
+// (the database down, a connection reset, a lock or a serialization
+// conflict) says nothing about the rows: Complete stops, returns it, and
+// lists in Unwritten what it did not write, without splitting further.
+func (s *Store) Complete(ctx context.Context, owner string, now time.Time, cs []Completion) (Completed, error) {
+	var res Completed
 	if len(cs) == 0 {
-		return nil, nil
+		return res, nil
 	}
+	clean := make([]Completion, len(cs))
+	idx := make([]int, len(cs))
+	for i := range cs {
+		clean[i], idx[i] = cs[i].Clean(), i
+	}
+	err := s.completeSplit(ctx, owner, now, clean, idx, &res)
+	return res, err
+}
+
+// completeSplit writes cs[idx...] as one batch, splitting it on a refusal.
+func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, cs []Completion, idx []int, res *Completed) error {
+	batch := make([]Completion, len(idx))
+	for k, i := range idx {
+		batch[k] = cs[i]
+	}
+	applied, err := s.completeBatch(ctx, owner, now, batch)
+	switch {
+	case err == nil:
+		res.Applied = append(res.Applied, applied...)
+		return nil
+	case !Refusal(err):
+		res.Unwritten = append(res.Unwritten, idx...)
+		return err
+	case len(idx) > 1:
+		half := len(idx) / 2
+		if err := s.completeSplit(ctx, owner, now, cs, idx[:half], res); err != nil {
+			res.Unwritten = append(res.Unwritten, idx[half:]...)
+			return err
+		}
+		return s.completeSplit(ctx, owner, now, cs, idx[half:], res)
+	}
+	i := idx[0]
+	applied, ferr := s.completeBatch(ctx, owner, now, []Completion{Fallback(cs[i], err)})
+	switch {
+	case ferr == nil:
+		res.Applied = append(res.Applied, applied...)
+		if res.Substituted == nil {
+			res.Substituted = map[int]error{}
+		}
+		res.Substituted[i] = err
+		return nil
+	case !Refusal(ferr):
+		res.Unwritten = append(res.Unwritten, i)
+		return ferr
+	}
+	if res.Refused == nil {
+		res.Refused = map[int]error{}
+	}
+	res.Refused[i] = err
+	return nil
+}
+
+// Fallback is c as it is written when the database refused c: the same
+// decision (state, attempts, next attempt, statuses, the attempt log's
+// rows) without any text a receiver chose. Error texts say why, naming
+// only the class of the refusal; excerpts are dropped.
+func Fallback(c Completion, refusal error) Completion {
+	msg := "outcome could not be stored: " + ErrorClass(refusal)
+	c.Status = CleanStatus(c.Status)
+	if c.Error != "" {
+		c.Error = msg
+	}
+	recs := make([]AttemptRecord, len(c.Records))
+	for i, r := range c.Records {
+		r.Status, r.Excerpt = CleanStatus(r.Status), ""
+		if r.Error != "" {
+			r.Error = msg
+		}
+		recs[i] = r
+	}
+	c.Records = recs
+	return c
+}
+
+func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, cs []Completion) ([]int64, error) {
 	if s.Dialect == Postgres {
 		return s.pgCompleteBatch(ctx, owner, now, cs)
 	}
@@ -235,4 +344,76 @@ func scanIDs(rows interface {
 		out = append(out, id)
 	}
 	return out, rows.Err()
+}
+
+// Refusal reports whether err is the database refusing the data it was
+// given (PostgreSQL classes 21, 22, 23 and 54: cardinality, data
+// exception, integrity constraint, program limit; SQLite's constraint,
+// too-big and mismatch errors), as opposed to failing for reasons of its
+// own, which retrying the same rows later may cure.
+func Refusal(err error) bool {
+	if code := sqlState(err); code != "" {
+		switch code[:2] {
+		case "21", "22", "23", "54":
+			return true
+		}
+		return false
+	}
+	if code, _, ok := sqliteCode(err); ok {
+		switch code & 0xff {
+		case 18, 19, 20: // SQLITE_TOOBIG, SQLITE_CONSTRAINT, SQLITE_MISMATCH
+			return true
+		}
+	}
+	return false
+}
+
+// ErrorClass names the class of a database error without its message,
+// which may quote the data: "SQLSTATE 22P05", "SQLite error 19/275".
+func ErrorClass(err error) string {
+	if code := sqlState(err); code != "" {
+		return "SQLSTATE " + code
+	}
+	if code, ext, ok := sqliteCode(err); ok {
+		return "SQLite error " + strconv.Itoa(code) + "/" + strconv.Itoa(ext)
+	}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "context ended"
+	}
+	return "unclassified error"
+}
+
+// sqlState returns the SQLSTATE of a PostgreSQL error from lib/pq or pgx,
+// "" for any other error.
+func sqlState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		if code := e.SQLState(); len(code) == 5 {
+			return code
+		}
+	}
+	return ""
+}
+
+// sqliteCode returns the result codes of a SQLite error from
+// mattn/go-sqlite3 (read by reflection so that PostgreSQL users need not
+// link cgo) or from a driver whose errors have a Code method.
+func sqliteCode(err error) (code, ext int, ok bool) {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if c, isCoder := e.(interface{ Code() int }); isCoder {
+			return c.Code(), c.Code(), true
+		}
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
+		}
+		if t := v.Type(); t.Kind() == reflect.Struct && t.Name() == "Error" && t.PkgPath() == "github.com/mattn/go-sqlite3" {
+			c, x := v.FieldByName("Code"), v.FieldByName("ExtendedCode")
+			if c.CanInt() && x.CanInt() {
+				return int(c.Int()), int(x.Int()), true
+			}
+		}
+	}
+	return 0, 0, false
 }
