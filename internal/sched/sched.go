@@ -308,11 +308,11 @@ func (s *Scheduler) spread(at time.Time, span time.Duration) time.Time {
 	return at.Add(time.Duration(s.cfg.Rand() * float64(span)))
 }
 
-// capAt bounds a give-back time to MaxPostpone, spreading what it cuts over
-// the second half of that window.
-func (s *Scheduler) capAt(at, now time.Time) time.Time {
-	if limit := now.Add(s.cfg.MaxPostpone); at.After(limit) {
-		return s.spread(now.Add(s.cfg.MaxPostpone/2), s.cfg.MaxPostpone/2)
+// capAt bounds a give-back time to limit from now, spreading what it cuts
+// over the second half of that window.
+func (s *Scheduler) capAt(at, now time.Time, limit time.Duration) time.Time {
+	if at.After(now.Add(limit)) {
+		return s.spread(now.Add(limit/2), limit/2)
 	}
 	return at
 }
@@ -333,7 +333,7 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 		e.circuit = halfOpen
 	}
 	if e.circuit == open {
-		return false, s.capAt(s.spread(e.openUntil, min(e.cooldown, s.cfg.MaxPostpone)), now)
+		return false, s.capAt(s.spread(e.openUntil, min(e.cooldown, s.cfg.MaxPostpone)), now, s.cfg.MaxPostpone)
 	}
 	est := s.estimate(e, now)
 	start := now
@@ -380,14 +380,18 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 	// Give jobs back one slot of the endpoint's pace apart (its rate, or
 	// its request time over its in-flight cap), so that a backlog comes
 	// due as fast as the endpoint takes it instead of all at once, again
-	// and again.
+	// and again. A rate is a stated fact and paces up to MaxPostpone; a
+	// pace measured on a slow endpoint is only a guess (it may recover and
+	// ramp up), so it spreads the backlog over at most four requests' time.
 	pace := est / time.Duration(e.capacity())
-	if e.rate > 0 {
-		pace = max(pace, time.Duration(float64(time.Second)/e.rate))
+	limit := min(s.cfg.MaxPostpone, max(s.cfg.Horizon, 4*est))
+	if e.rate > 0 && time.Duration(float64(time.Second)/e.rate) >= pace {
+		pace = time.Duration(float64(time.Second) / e.rate)
+		limit = s.cfg.MaxPostpone
 	}
 	at = maxTime(start, e.backCursor.Add(pace))
-	if at.After(now.Add(s.cfg.MaxPostpone)) {
-		return false, s.capAt(at, now)
+	if at.After(now.Add(limit)) {
+		return false, s.capAt(at, now, limit)
 	}
 	e.backCursor = at
 	return false, at
@@ -626,7 +630,7 @@ func (s *Scheduler) open(e *endpoint, now time.Time) []Back {
 	e.openUntil = now.Add(e.cooldown)
 	back := make([]Back, 0, len(e.waiting))
 	for _, j := range e.waiting {
-		back = append(back, Back{Job: j, At: s.capAt(s.spread(e.openUntil, min(e.cooldown, s.cfg.MaxPostpone)), now), Reason: "circuit"})
+		back = append(back, Back{Job: j, At: s.capAt(s.spread(e.openUntil, min(e.cooldown, s.cfg.MaxPostpone)), now, s.cfg.MaxPostpone), Reason: "circuit"})
 	}
 	s.waiting -= len(e.waiting)
 	e.t.waiting -= len(e.waiting)
