@@ -74,8 +74,11 @@ type RelayStats struct {
 	Succeeded    uint64 // attempts answered 2xx and recorded
 	Failed       uint64 // failed attempts recorded with a retry scheduled
 	DeadLettered uint64 // deliveries moved to the dead-letter table
-	Released     uint64 // claims given back unspent (stopping, busy endpoint, disabled endpoint)
-	LeaseLost    uint64 // outcomes discarded because another relay took the delivery over
+	Released     uint64 // claims given back unspent (stopping, limits, open circuit, busy or disabled endpoint)
+	// LeaseLost counts outcomes not written: another relay took the
+	// delivery over, or the write kept failing until the lease ended (or
+	// the relay stopped), so the next holder records the attempt as lapsed.
+	LeaseLost uint64
 }
 
 // Stats returns the relay's counters.
