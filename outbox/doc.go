@@ -26,6 +26,25 @@
 // which stays the same across attempts and replays (package verify does it
 // for Go receivers).
 //
+// # Isolation between tenants
+//
+// Each relay hands the deliveries it claims to a scheduler (in
+// internal/sched, a pure unit tested with a fake clock) that starts them
+// round-robin over tenants and, within a tenant, over its endpoints, and
+// enforces every endpoint's rate limit, in-flight cap and circuit breaker.
+// Endpoints that are slow or not yet known share at most half the relay's
+// slots, and a tenant takes more than half only when no other tenant could
+// start anything, so a merchant whose receivers hang, throttle or fail
+// costs the others at most one request slot. A delivery that cannot start
+// within a second goes back to the database, spending no attempt, due when
+// it can next run: waiting never takes the relay's claim capacity.
+//
+// Nothing a receiver sends back can stop the pipeline either: response
+// text is stored cleaned and bounded, and an outcome the database refuses
+// is written without the receiver's text, never holding back the others.
+// Leases are timed by the database's clock, so a relay host whose clock is
+// wrong cannot send a delivery another relay still has in flight.
+//
 // # Databases
 //
 // SQLite (mattn/go-sqlite3) is the embedded default, for single-process
