@@ -184,8 +184,7 @@ func (c *completer) report(ctx context.Context, batch []outcome, applied []int64
 func (c *completer) trackEndpoints(ctx context.Context, batch []outcome, applied map[int64]bool) {
 	r := c.r
 	times := map[string]*store.AttemptTimes{}
-	var list []store.AttemptTimes
-	gone := map[string]goneAttempt{}
+	gone := map[string]time.Time{} // the latest attempt answered 410, per endpoint
 	for i := range batch {
 		x := &batch[i]
 		if !applied[x.ID] {
@@ -206,15 +205,15 @@ func (c *completer) trackEndpoints(ctx context.Context, batch []outcome, applied
 			if rec.StartedAt.After(t.Failure) {
 				t.Failure = rec.StartedAt
 			}
-			if r.cfg.DisableOnGone && rec.Status == http.StatusGone && rec.StartedAt.After(gone[x.endpointID].at) {
-				gone[x.endpointID] = goneAttempt{at: rec.StartedAt, tenant: x.tenant}
+			if r.cfg.DisableOnGone && rec.Status == http.StatusGone && rec.StartedAt.After(gone[x.endpointID]) {
+				gone[x.endpointID] = rec.StartedAt
 			}
 		}
 	}
 	if len(times) == 0 {
 		return
 	}
-	list = make([]store.AttemptTimes, 0, len(times))
+	list := make([]store.AttemptTimes, 0, len(times))
 	for _, t := range times {
 		list = append(list, *t)
 	}
@@ -226,18 +225,13 @@ func (c *completer) trackEndpoints(ctx context.Context, batch []outcome, applied
 	c.healthChanged(ctx, states, gone)
 }
 
-// goneAttempt is an endpoint's latest attempt answered 410 Gone.
-type goneAttempt struct {
-	at     time.Time
-	tenant string
-}
-
 // healthChanged acts on endpoints' health as a statement left it: it
 // reports the runs of failures that statement ended, and disables the
-// endpoints due for it. The statement that ends a run, and the conditional
-// update that disables an endpoint, happen once across all relays, so
-// each notice is sent once.
-func (c *completer) healthChanged(ctx context.Context, states []store.HealthState, gone map[string]goneAttempt) {
+// endpoints due for it, and those in gone (the start of their latest
+// attempt answered 410 Gone). The statement that ends a run, and the
+// conditional update that disables an endpoint, happen once across all
+// relays, so each notice is sent once.
+func (c *completer) healthChanged(ctx context.Context, states []store.HealthState, gone map[string]time.Time) {
 	r := c.r
 	for _, h := range states {
 		c.recovered(h)
@@ -264,10 +258,10 @@ func (c *completer) healthChanged(ctx context.Context, states []store.HealthStat
 			}
 		}
 	}
-	for id, g := range gone {
+	for id, at := range gone {
 		now := r.clock.Now()
 		const reason = "the endpoint answered 410 Gone"
-		tenant, disabled, err := r.st.DisableGone(ctx, id, g.at, now, reason)
+		tenant, disabled, err := r.st.DisableGone(ctx, id, at, now, reason)
 		if err != nil {
 			r.log.Warn("txhook: disabling endpoint failed", "endpoint", id, "error", err)
 			continue

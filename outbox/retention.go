@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/txhook/txhook/internal/store"
 )
 
 // Retention says how long finished work is kept. The zero value keeps
@@ -178,6 +176,11 @@ const (
 	// healthSweepChunk is how many endpoints one repair statement locks,
 	// so that completions recording their health wait briefly at most.
 	healthSweepChunk = 50
+	// healthSweepScan is how many of an endpoint's attempts since its
+	// recorded last success a round reads looking for a later one. A
+	// success buried deeper is found before the endpoint could be disabled:
+	// disabling reads the whole log since then.
+	healthSweepScan = 100
 )
 
 // healthCursor is where the next round of the health sweep starts.
@@ -219,7 +222,7 @@ func (r *Relay) sweepHealth(ctx context.Context, cur *healthCursor) {
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), healthSweepChunk)]
 		ids = ids[len(chunk):]
-		states, err := r.st.RepairHealth(ctx, chunk, store.HealthRecent)
+		states, err := r.st.RepairHealth(ctx, chunk, healthSweepScan)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("txhook: sweeping endpoint health failed", "error", err)
