@@ -90,7 +90,9 @@ type RelayConfig struct {
 	// attempt since its last success, as the attempt log of every relay
 	// shows. Its waiting deliveries are paused until it is enabled again,
 	// and events enqueued meanwhile are not queued for it (Outbox.Recover
-	// queues them). Default 5 days; negative never disables.
+	// queues them). Enabled again while it still fails, it is disabled
+	// again by its next failed attempt. Default 5 days; negative never
+	// disables.
 	DisableAfter time.Duration
 
 	// DisableOnGone disables an endpoint at once when it answers 410 Gone,

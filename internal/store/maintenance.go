@@ -138,12 +138,18 @@ func pgFailingSince(l string) string {
 }
 
 // pgHealthUpdate applies the locked rows' new values (CTE "locked", with
-// id, was, ok and failed) and returns the resulting health.
-var pgHealthUpdate = `UPDATE txhook_endpoints ep
-SET last_success_at = l.ok, last_failure_at = l.failed, failing_since = ` + pgFailingSince("l") + `
-FROM locked l
-WHERE ep.id = l.id
-RETURNING ep.id, ep.tenant, ep.enabled, l.was, ep.failing_since, ep.last_success_at, ep.last_failure_at`
+// id, was, ok and failed) and returns the health of the rows it changed.
+// Rows it would not change are not written.
+var pgHealthUpdate = `, nv AS MATERIALIZED (
+    SELECT l.id, l.was, l.ok, l.failed, ` + pgFailingSince("l") + ` AS fs
+    FROM locked l
+)
+UPDATE txhook_endpoints ep
+SET last_success_at = nv.ok, last_failure_at = nv.failed, failing_since = nv.fs
+FROM nv
+WHERE ep.id = nv.id
+  AND (ep.last_success_at, ep.last_failure_at, ep.failing_since) IS DISTINCT FROM (nv.ok, nv.failed, nv.fs)
+RETURNING ep.id, ep.tenant, ep.enabled, nv.was, ep.failing_since, ep.last_success_at, ep.last_failure_at`
 
 // pgRecordHealth records a batch's attempt times ($1, a JSON array of
 // {id, ok, failed}). MATERIALIZED, ORDER BY and FOR NO KEY UPDATE: the rows
@@ -156,8 +162,7 @@ var pgRecordHealth = `WITH b AS (
     FROM txhook_endpoints ep JOIN b ON b.id = ep.id
     ORDER BY ep.id
     FOR NO KEY UPDATE OF ep
-)
-` + pgHealthUpdate
+)` + pgHealthUpdate
 
 // pgRepairHealth recomputes the health of endpoints $1 (a JSON array of
 // IDs) from the attempt log: the latest failed attempt through the partial
@@ -178,8 +183,7 @@ var pgRepairHealth = `WITH locked AS MATERIALIZED (
     WHERE ep.id IN (SELECT jsonb_array_elements_text($1::jsonb))
     ORDER BY ep.id
     FOR NO KEY UPDATE OF ep
-)
-` + pgHealthUpdate
+)` + pgHealthUpdate
 
 // greatest is GREATEST(a, b) ignoring NULLs, as PostgreSQL's is; SQLite's
 // max(a, b) is NULL when either is.
@@ -212,9 +216,8 @@ type healthJSON struct {
 }
 
 // RecordAttemptTimes records a batch's latest attempt times on their
-// endpoints, recomputes failing_since, and returns the endpoints' health
-// (endpoints that no longer exist are left out). It is one statement on
-// PostgreSQL.
+// endpoints, recomputes failing_since, and returns the health of the
+// endpoints whose record changed. It is one statement on PostgreSQL.
 func (s *Store) RecordAttemptTimes(ctx context.Context, times []AttemptTimes) ([]HealthState, error) {
 	if len(times) == 0 {
 		return nil, nil
@@ -232,7 +235,7 @@ func (s *Store) RecordAttemptTimes(ctx context.Context, times []AttemptTimes) ([
 		if err != nil {
 			return nil, err
 		}
-		return scanHealth(rows, nil)
+		return scanHealth(rows)
 	}
 	type row struct {
 		ID     string `json:"id"`
@@ -251,7 +254,7 @@ func (s *Store) RecordAttemptTimes(ctx context.Context, times []AttemptTimes) ([
 	}
 	var out []HealthState
 	err = s.Tx(ctx, func(q Querier) error {
-		was, err := s.failingSince(ctx, q, ids)
+		before, err := s.sqliteHealthBefore(ctx, q, ids)
 		if err != nil {
 			return err
 		}
@@ -263,7 +266,7 @@ FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.ok') AS o
 WHERE txhook_endpoints.id = b.id`, string(b)); err != nil {
 			return err
 		}
-		out, err = s.sqliteFinishHealth(ctx, q, ids, was)
+		out, err = s.sqliteFinishHealth(ctx, q, ids, before)
 		return err
 	})
 	return out, err
@@ -274,7 +277,7 @@ WHERE txhook_endpoints.id = b.id`, string(b)); err != nil {
 // between writing a batch and recording it) and for what concurrent
 // batches left approximate. The latest success is looked for among at most
 // scan of the attempts since the recorded one; scan ≤ 0 looks at all of
-// them. It returns the endpoints' health.
+// them. It returns the health of the endpoints whose record changed.
 func (s *Store) RepairHealth(ctx context.Context, ids []string, scan int) ([]HealthState, error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -302,12 +305,12 @@ func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan 
 		if err != nil {
 			return nil, err
 		}
-		return scanHealth(rows, nil)
+		return scanHealth(rows)
 	}
 	if scan <= 0 {
 		scan = -1 // no limit
 	}
-	was, err := s.failingSince(ctx, q, ids)
+	before, err := s.sqliteHealthBefore(ctx, q, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -325,47 +328,58 @@ SET last_success_at = `+s.greatest("last_success_at", `(
 WHERE id IN (SELECT value FROM json_each(?1))`, jsonStrings(ids), scan); err != nil {
 		return nil, err
 	}
-	return s.sqliteFinishHealth(ctx, q, ids, was)
+	return s.sqliteFinishHealth(ctx, q, ids, before)
 }
 
-// failingSince reads the current failing_since of endpoints (SQLite, inside
-// the transaction that changes them).
-func (s *Store) failingSince(ctx context.Context, q Querier, ids []string) (map[string]time.Time, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, failing_since FROM txhook_endpoints WHERE id IN (SELECT value FROM json_each(?))`, jsonStrings(ids))
+// sqliteHealthBefore reads the health of endpoints before a statement
+// changes it (SQLite, inside the transaction that changes them).
+func (s *Store) sqliteHealthBefore(ctx context.Context, q Querier, ids []string) (map[string]HealthState, error) {
+	hs, err := s.healthOf(ctx, q, ids)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	out := map[string]time.Time{}
-	for rows.Next() {
-		var id string
-		var t Time
-		if err := rows.Scan(&id, &t); err != nil {
-			return nil, err
-		}
-		out[id] = t.Time
+	out := make(map[string]HealthState, len(hs))
+	for _, h := range hs {
+		out[h.ID] = h
 	}
-	return out, rows.Err()
+	return out, nil
+}
+
+// healthOf reads the recorded health of endpoints, ordered by ID.
+func (s *Store) healthOf(ctx context.Context, q Querier, ids []string) ([]HealthState, error) {
+	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, tenant, enabled, NULL, failing_since, last_success_at, last_failure_at
+FROM txhook_endpoints WHERE `+s.textIn("id")+` ORDER BY id`), jsonStrings(ids))
+	if err != nil {
+		return nil, err
+	}
+	return scanHealth(rows)
 }
 
 // sqliteFinishHealth recomputes failing_since of the endpoints ids after
-// their last success and failure times were updated, and reads back their
-// health.
-func (s *Store) sqliteFinishHealth(ctx context.Context, q Querier, ids []string, was map[string]time.Time) ([]HealthState, error) {
-	idJSON := jsonStrings(ids)
+// their last success and failure times were updated, and returns the
+// health of those whose record changed since before.
+func (s *Store) sqliteFinishHealth(ctx context.Context, q Querier, ids []string, before map[string]HealthState) ([]HealthState, error) {
 	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints SET failing_since = `+sqliteFailingSince+`
-WHERE id IN (SELECT value FROM json_each(?))`, idJSON); err != nil {
+WHERE id IN (SELECT value FROM json_each(?))`, jsonStrings(ids)); err != nil {
 		return nil, err
 	}
-	rows, err := q.QueryContext(ctx, `SELECT id, tenant, enabled, NULL, failing_since, last_success_at, last_failure_at
-FROM txhook_endpoints WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id`, idJSON)
+	after, err := s.healthOf(ctx, q, ids)
 	if err != nil {
 		return nil, err
 	}
-	return scanHealth(rows, was)
+	out := after[:0]
+	for _, h := range after {
+		b := before[h.ID]
+		if h.FailingSince.Equal(b.FailingSince) && h.LastSuccessAt.Equal(b.LastSuccessAt) && h.LastFailureAt.Equal(b.LastFailureAt) {
+			continue
+		}
+		h.WasFailingSince = b.FailingSince
+		out = append(out, h)
+	}
+	return out, nil
 }
 
-func scanHealth(rows *sql.Rows, was map[string]time.Time) ([]HealthState, error) {
+func scanHealth(rows *sql.Rows) ([]HealthState, error) {
 	defer rows.Close()
 	var out []HealthState
 	for rows.Next() {
@@ -375,9 +389,6 @@ func scanHealth(rows *sql.Rows, was map[string]time.Time) ([]HealthState, error)
 			return nil, err
 		}
 		h.WasFailingSince, h.FailingSince, h.LastSuccessAt, h.LastFailureAt = w.Time, f.Time, ok.Time, failed.Time
-		if was != nil {
-			h.WasFailingSince = was[h.ID]
-		}
 		out = append(out, h)
 	}
 	return out, rows.Err()
@@ -419,10 +430,17 @@ func (s *Store) DisableFailing(ctx context.Context, id string, after time.Durati
 			}
 		}
 		hs, err := s.repairHealth(ctx, q, []string{id}, 0)
-		if err != nil || len(hs) == 0 {
+		if err != nil {
 			return err
 		}
-		h = hs[0]
+		cur, err := s.healthOf(ctx, q, []string{id})
+		if err != nil || len(cur) == 0 {
+			return err
+		}
+		h = cur[0]
+		if len(hs) > 0 {
+			h.WasFailingSince = hs[0].WasFailingSince // the repair's change
+		}
 		if !h.Enabled || h.FailingSince.IsZero() || h.LastFailureAt.Sub(h.FailingSince) < after {
 			return nil
 		}
