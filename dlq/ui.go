@@ -59,7 +59,8 @@ var uiFS embed.FS
 // with their health, shows an endpoint's recent deliveries and attempts,
 // finds the deliveries of an event ID, lists dead letters by tenant,
 // endpoint, event type and time, and replays or purges one, a selection, or
-// all that match. It enables and disables endpoints and rotates their
+// all that match. It enables and disables endpoints, recovers the events an
+// endpoint missed since a time (outbox.Outbox.Recover), and rotates their
 // secrets, which it shows masked unless an operator asks to reveal them.
 //
 // Every request must pass cfg.Authorize. Every POST must carry the CSRF
@@ -122,6 +123,7 @@ func NewUI(ob *outbox.Outbox, cfg UIConfig) (http.Handler, error) {
 	m.HandleFunc("POST /endpoints/{id}/disable", u.disable)
 	m.HandleFunc("POST /endpoints/{id}/rotate", u.rotate)
 	m.HandleFunc("POST /endpoints/{id}/reveal", u.reveal)
+	m.HandleFunc("POST /endpoints/{id}/recover", u.recoverEvents)
 	m.HandleFunc("GET /deliveries", u.search)
 	m.HandleFunc("GET /dead", u.deadList)
 	m.HandleFunc("GET /dead/{id}", u.deadDetail)

@@ -190,6 +190,28 @@ func (u *ui) rotate(w http.ResponseWriter, r *http.Request) {
 	u.redirect(w, r, "endpoints/"+url.PathEscape(id)+"?done=rotated")
 }
 
+// recoverEvents queues again what the endpoint missed since the time in
+// the form (UTC): the events enqueued while it was disabled and its dead
+// letters.
+func (u *ui) recoverEvents(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	since, err := parseTime(strings.TrimSpace(r.PostForm.Get("since")))
+	if err != nil {
+		u.fail(w, r, http.StatusBadRequest, "Pick the time to recover from, in UTC, as 2026-11-30T12:00.")
+		return
+	}
+	n, err := u.ob.Recover(r.Context(), id, since)
+	if errors.Is(err, outbox.ErrInvalidSince) {
+		u.fail(w, r, http.StatusBadRequest, "Recover from a time in the past (times are UTC).")
+		return
+	}
+	if !u.endpointDone(w, r, err) {
+		return
+	}
+	u.audit(r, "recover endpoint", "endpoint", id, "since", since, "queued", n)
+	u.redirect(w, r, "endpoints/"+url.PathEscape(id)+"?"+url.Values{"done": {"recovered"}, "n": {strconv.Itoa(n)}}.Encode())
+}
+
 // reveal answers with the endpoint page showing its secrets in full, once:
 // it is the response to this POST, not a page to come back to.
 func (u *ui) reveal(w http.ResponseWriter, r *http.Request) {
@@ -501,6 +523,11 @@ func flash(r *http.Request) (string, bool) {
 		return "Endpoint enabled: its waiting deliveries are due now.", false
 	case "disabled":
 		return "Endpoint disabled: its deliveries wait, spending no attempts, until it is enabled.", false
+	case "recovered":
+		if n == 0 {
+			return "Nothing to recover: every event since then reached the endpoint or is queued for it.", false
+		}
+		return fmt.Sprintf("Recovered %s: each is queued again as a new delivery with the same event ID.", plural(n, "event")), false
 	case "rotated":
 		return "Secret rotated. Every request is now signed with the new secret, and with the previous one until it expires. Reveal the secrets to hand the new one over.", false
 	}

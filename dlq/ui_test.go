@@ -59,6 +59,7 @@ func (s *seeded) routes() (gets []string, posts map[string]url.Values) {
 		"endpoints/" + ep + "/disable": {"reason": {"maintenance"}},
 		"endpoints/" + ep + "/rotate":  {"overlap": {"1h"}},
 		"endpoints/" + ep + "/reveal":  {},
+		"endpoints/" + ep + "/recover": {"since": {"2020-01-01T00:00"}},
 		"dead/action":                  {"replay": {strconv.FormatInt(s.dead[0], 10)}},
 		"dead/replay-all":              {"confirm": {"yes"}},
 		"dead/purge-all":               {"confirm": {"yes"}},

@@ -1,11 +1,9 @@
 package outbox_test
 
 import (
-	"bytes"
 	"fmt"
 	"hash/fnv"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,26 +22,6 @@ type skewedClock struct{ offset time.Duration }
 
 func (c skewedClock) Now() time.Time                        { return time.Now().Add(c.offset) }
 func (c skewedClock) NewTimer(d time.Duration) outbox.Timer { return clock.Real{}.NewTimer(d) }
-
-// logBuffer collects a logger's output for the test to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 // overlapReceiver holds each request for a while, as a slow receiver
 // does, and records, per Webhook-Id, requests that arrived while another

@@ -32,9 +32,9 @@ type completer struct {
 	// leases of whatever is dropped expire and other relays redo it.
 	abort     chan struct{}
 	abortOnce sync.Once
-	// healthy holds endpoints seen succeeding, and when; only the
-	// completion goroutine uses it.
-	healthy map[string]time.Time
+	// notices serialises the endpoint notices of the completion and the
+	// maintenance goroutines.
+	notices sync.Mutex
 }
 
 const (
@@ -301,88 +301,125 @@ func (c *completer) report(ctx context.Context, batch []outcome, applied []int64
 	}
 }
 
-// healthyFor is how long a success-only endpoint is trusted to have no run
-// of failures on record, sparing a query per batch. Another relay may start
-// one meanwhile; the next success after this expires clears it, long before
-// DisableAfter could act on it.
-const healthyFor = 10 * time.Second
-
-// trackEndpoints records on the endpoints which ones just succeeded or
-// failed, disables those failing for longer than DisableAfter (or answering
-// 410 Gone, with DisableOnGone), and tells the host.
+// trackEndpoints records on the endpoints of a written batch the start of
+// their latest successful and failed attempts, which keeps their runs of
+// failures as the attempt log shows them, whatever other relays record
+// meanwhile; it tells the host about endpoints that recovered and disables
+// those failing for longer than DisableAfter (or answering 410 Gone, with
+// DisableOnGone). Every attempt record counts, including those of lapsed
+// leases: they are in the attempt log too.
 func (c *completer) trackEndpoints(ctx context.Context, batch []outcome, applied map[int64]bool) {
 	r := c.r
-	now := r.clock.Now()
-	var okEps, failedEps []string
-	seen := map[string]bool{}
-	gone := map[string]outcome{}
+	times := map[string]*store.AttemptTimes{}
+	gone := map[string]time.Time{} // the latest attempt answered 410, per endpoint
 	for i := range batch {
 		x := &batch[i]
-		if !applied[x.ID] || !x.Record {
-			continue // lost lease, release or pause: not an attempt
+		if !applied[x.ID] {
+			continue // lost lease: its records were not written
 		}
-		key := x.endpointID
-		if x.State == store.StateSucceeded {
-			key = "+" + key
-		}
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
-		if x.State == store.StateSucceeded {
-			if t, ok := c.healthy[x.endpointID]; ok && now.Sub(t) < healthyFor && now.After(t) {
+		for _, rec := range x.Records {
+			t := times[x.endpointID]
+			if t == nil {
+				t = &store.AttemptTimes{EndpointID: x.endpointID}
+				times[x.endpointID] = t
+			}
+			if rec.Error == "" {
+				if rec.StartedAt.After(t.Success) {
+					t.Success = rec.StartedAt
+				}
 				continue
 			}
-			okEps = append(okEps, x.endpointID)
+			if rec.StartedAt.After(t.Failure) {
+				t.Failure = rec.StartedAt
+			}
+			if r.cfg.DisableOnGone && rec.Status == http.StatusGone && rec.StartedAt.After(gone[x.endpointID]) {
+				gone[x.endpointID] = rec.StartedAt
+			}
+		}
+	}
+	if len(times) == 0 {
+		return
+	}
+	list := make([]store.AttemptTimes, 0, len(times))
+	for _, t := range times {
+		list = append(list, *t)
+	}
+	states, err := r.st.RecordAttemptTimes(ctx, list)
+	if err != nil {
+		r.log.Warn("txhook: recording endpoint health failed; the health sweep will repair it", "endpoints", len(list), "error", err)
+		return
+	}
+	c.healthChanged(ctx, states, gone)
+}
+
+// healthChanged acts on endpoints' health as a statement left it: it
+// reports the runs of failures that statement ended, and disables the
+// endpoints due for it, and those in gone (the start of their latest
+// attempt answered 410 Gone). The statement that ends a run, and the
+// conditional update that disables an endpoint, happen once across all
+// relays, so each notice is sent once.
+func (c *completer) healthChanged(ctx context.Context, states []store.HealthState, gone map[string]time.Time) {
+	r := c.r
+	for _, h := range states {
+		c.recovered(h)
+	}
+	if r.cfg.DisableAfter > 0 {
+		for _, h := range states {
+			if !h.Enabled || h.FailingSince.IsZero() || h.LastFailureAt.Sub(h.FailingSince) < r.cfg.DisableAfter {
+				continue
+			}
+			now := r.clock.Now()
+			var reason string
+			got, disabled, err := r.st.DisableFailing(ctx, h.ID, r.cfg.DisableAfter, now, func(since time.Time) string {
+				reason = fmt.Sprintf("every attempt failed since %s", since.UTC().Format(time.RFC3339))
+				return reason
+			})
+			if err != nil {
+				r.log.Warn("txhook: disabling endpoint failed", "endpoint", h.ID, "error", err)
+				continue
+			}
+			c.recovered(got)
+			if disabled {
+				delete(gone, h.ID)
+				c.disabled(got.ID, got.Tenant, got.FailingSince, reason, now)
+			}
+		}
+	}
+	for id, at := range gone {
+		now := r.clock.Now()
+		const reason = "the endpoint answered 410 Gone"
+		tenant, disabled, err := r.st.DisableGone(ctx, id, at, now, reason)
+		if err != nil {
+			r.log.Warn("txhook: disabling endpoint failed", "endpoint", id, "error", err)
 			continue
 		}
-		delete(c.healthy, x.endpointID)
-		failedEps = append(failedEps, x.endpointID)
-		if r.cfg.DisableOnGone && x.Status == http.StatusGone {
-			gone[x.endpointID] = *x
+		if disabled {
+			c.disabled(id, tenant, time.Time{}, reason, now)
 		}
-	}
-	if len(okEps) == 0 && len(failedEps) == 0 {
-		return
-	}
-	var disableBefore time.Time
-	if r.cfg.DisableAfter > 0 {
-		disableBefore = now.Add(-r.cfg.DisableAfter)
-	}
-	recovered, expired, err := r.st.TrackEndpoints(ctx, now, failedEps, okEps, disableBefore)
-	if err != nil {
-		r.log.Warn("txhook: recording endpoint health failed", "error", err)
-		return
-	}
-	if c.healthy == nil || len(c.healthy) > 10000 {
-		c.healthy = map[string]time.Time{}
-	}
-	for _, id := range okEps {
-		c.healthy[id] = now
-	}
-	for _, e := range recovered {
-		r.log.Info("txhook: endpoint recovered", "endpoint", e.ID, "tenant", e.Tenant, "failing_since", e.FailingSince)
-		if r.cfg.OnEndpointRecovered != nil {
-			r.cfg.OnEndpointRecovered(EndpointNotice{EndpointID: e.ID, Tenant: e.Tenant, FailingSince: e.FailingSince, At: now})
-		}
-	}
-	for _, e := range expired {
-		c.disable(ctx, e.ID, e.Tenant, e.FailingSince, fmt.Sprintf("every attempt failed since %s", e.FailingSince.UTC().Format(time.RFC3339)), now)
-		delete(gone, e.ID)
-	}
-	for id, x := range gone {
-		c.disable(ctx, id, x.tenant, time.Time{}, "the endpoint answered 410 Gone", now)
 	}
 }
 
-func (c *completer) disable(ctx context.Context, id, tenant string, since time.Time, reason string, now time.Time) {
+// recovered reports h's recovery if the statement that read it ended a run
+// of failures.
+func (c *completer) recovered(h store.HealthState) {
 	r := c.r
-	if err := r.st.SetEndpointEnabled(ctx, id, false, reason, now); err != nil {
-		r.log.Warn("txhook: disabling endpoint failed", "endpoint", id, "error", err)
+	if !h.Recovered() {
 		return
 	}
+	r.log.Info("txhook: endpoint recovered", "endpoint", h.ID, "tenant", h.Tenant, "failing_since", h.WasFailingSince)
+	if r.cfg.OnEndpointRecovered != nil {
+		c.notices.Lock()
+		defer c.notices.Unlock()
+		r.cfg.OnEndpointRecovered(EndpointNotice{EndpointID: h.ID, Tenant: h.Tenant, FailingSince: h.WasFailingSince, At: r.clock.Now()})
+	}
+}
+
+func (c *completer) disabled(id, tenant string, since time.Time, reason string, now time.Time) {
+	r := c.r
 	r.log.Warn("txhook: endpoint disabled", "endpoint", id, "tenant", tenant, "reason", reason)
 	if r.cfg.OnEndpointDisabled != nil {
+		c.notices.Lock()
+		defer c.notices.Unlock()
 		r.cfg.OnEndpointDisabled(EndpointNotice{EndpointID: id, Tenant: tenant, Reason: reason, FailingSince: since, At: now})
 	}
 }

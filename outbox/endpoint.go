@@ -37,11 +37,18 @@ type Endpoint struct {
 	// Versions pins schema versions by event type: events of a pinned type
 	// are converted to that version before they are sent (see Catalog).
 	Versions map[string]int
-	// FailingSince is when the current run of failed attempts began; zero
-	// when the last attempt succeeded.
+	// FailingSince is when the current run of failed attempts began (the
+	// start of the first failed attempt after the last success); zero
+	// when the endpoint is not failing. It is what DisableAfter measures.
 	FailingSince time.Time
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
+	// LastSuccessAt and LastFailureAt are the start of the endpoint's
+	// latest successful and latest failed attempt, as the relays record
+	// them from every attempt they write; zero when there was none. The
+	// endpoint is failing when LastFailureAt is the later one.
+	LastSuccessAt time.Time
+	LastFailureAt time.Time
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
 }
 
 // Limits protect one receiver from the relays. They are enforced by each
@@ -332,9 +339,10 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 
 // DisableEndpoint stops deliveries to an endpoint. Its queued deliveries
 // wait, spending no attempts, until it is enabled again; events enqueued
-// while it is disabled are not queued for it. The reason is kept for
-// operators: UTF-8 without NUL (ErrInvalidEndpoint otherwise), shortened to
-// at most 1024 bytes at a character boundary.
+// while it is disabled are not queued for it: Recover queues them once it
+// is enabled again. The reason is kept for operators: UTF-8 without NUL
+// (ErrInvalidEndpoint otherwise), shortened to at most 1024 bytes at a
+// character boundary.
 func (o *Outbox) DisableEndpoint(ctx context.Context, id, reason string) error {
 	if err := checkEndpointID(id); err != nil {
 		return err
@@ -452,7 +460,7 @@ func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 		ID: r.ID, Tenant: r.Tenant, URL: r.URL, Description: r.Description,
 		Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		Limits:       Limits{RatePerSecond: r.RateLimit, Burst: r.RateBurst, MaxInFlight: r.MaxInFlight},
-		FailingSince: r.FailingSince,
+		FailingSince: r.FailingSince, LastSuccessAt: r.LastSuccessAt, LastFailureAt: r.LastFailureAt,
 	}
 	if err := json.Unmarshal(r.EventTypes, &e.EventTypes); err != nil {
 		return Endpoint{}, fmt.Errorf("txhook: stored event types: %w", err)

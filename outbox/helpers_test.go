@@ -1,11 +1,14 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,3 +195,26 @@ func (rc *receiver) requests() []received {
 
 // store_time scans a time column of either dialect.
 type store_time = store.Time
+
+// logBuffer collects a logger's output for the test to read; wrote is set
+// once anything was written.
+type logBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	wrote atomic.Bool
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.wrote.Store(true)
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }

@@ -46,8 +46,12 @@ func runChildRelay() int {
 	}
 	defer db.Close()
 	ctx := context.Background()
+	level := slog.LevelError
+	if os.Getenv("TXHOOK_CHILD_LOG_WARN") == "1" {
+		level = slog.LevelWarn
+	}
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))}
 	if driver == "postgres" {
 		cfg.ListenDSN = dsn
 	}
@@ -61,6 +65,9 @@ func runChildRelay() int {
 	if os.Getenv("TXHOOK_CHILD_FAST_RETRY") == "1" {
 		rcfg.Retry = fastRetry()
 		rcfg.BreakerCooldown = 50 * time.Millisecond
+	}
+	if n, _ := strconv.Atoi(os.Getenv("TXHOOK_CHILD_ATTEMPTS")); n > 0 {
+		rcfg.Retry = fastRetryAttempts(n)
 	}
 	r, err := ob.NewRelay(rcfg)
 	if err != nil {

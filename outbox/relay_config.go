@@ -89,19 +89,27 @@ type RelayConfig struct {
 	OnAttempt func(AttemptNotice)
 
 	// DisableAfter disables an endpoint whose attempts have all failed for
-	// this long, so a receiver that is gone stops costing attempts; its
-	// waiting deliveries are paused until it is enabled again. Default 5
-	// days; negative never disables.
+	// this long, so a receiver that is gone stops costing attempts: when
+	// its latest failed attempt started this long after the first failed
+	// attempt since its last success, as the attempt log of every relay
+	// shows. Its waiting deliveries are paused until it is enabled again,
+	// and events enqueued meanwhile are not queued for it (Outbox.Recover
+	// queues them). Enabled again while it still fails, it is disabled
+	// again by its next failed attempt. Default 5 days; negative never
+	// disables.
 	DisableAfter time.Duration
 
 	// DisableOnGone disables an endpoint at once when it answers 410 Gone,
-	// the Standard Webhooks signal that the receiver wants no more events.
+	// the Standard Webhooks signal that the receiver wants no more events,
+	// unless a later attempt succeeded.
 	DisableOnGone bool
 
 	// OnEndpointDisabled, if set, is called when the relay disables an
 	// endpoint (DisableAfter or DisableOnGone); OnEndpointRecovered when an
-	// endpoint succeeds after a run of failures. From the completion
-	// goroutine: hand off to your alerting and return.
+	// endpoint succeeds after a run of failures. Each is called once per
+	// change, by the relay that records it, however many relays run; one
+	// call at a time, from the completion or the maintenance goroutine:
+	// hand off to your alerting and return.
 	OnEndpointDisabled  func(EndpointNotice)
 	OnEndpointRecovered func(EndpointNotice)
 

@@ -110,8 +110,8 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 // and its unblocking can cause.
 const sweepInterval = 5 * time.Second
 
-// maintain prunes every Retention.Interval and sweeps blocked ordered
-// deliveries, until ctx ends.
+// maintain prunes every Retention.Interval, sweeps blocked ordered
+// deliveries and repairs endpoints' health, until ctx ends.
 func (r *Relay) maintain(ctx context.Context) {
 	iv := r.cfg.Retention.Interval
 	var pruneC <-chan time.Time // nil, never ready, when pruning is off
@@ -123,6 +123,9 @@ func (r *Relay) maintain(ctx context.Context) {
 	}
 	sweep := r.clock.NewTimer(sweepInterval)
 	defer sweep.Stop()
+	health := r.clock.NewTimer(healthSweepInterval)
+	defer health.Stop()
+	var cur healthCursor
 	for {
 		select {
 		case <-ctx.Done():
@@ -130,6 +133,10 @@ func (r *Relay) maintain(ctx context.Context) {
 		case <-sweep.C():
 			r.sweepBlocked(ctx)
 			sweep.Reset(sweepInterval)
+			continue
+		case <-health.C():
+			r.sweepHealth(ctx, &cur)
+			health.Reset(healthSweepInterval)
 			continue
 		case <-pruneC:
 		}
@@ -155,5 +162,73 @@ func (r *Relay) sweepBlocked(ctx context.Context) {
 	}
 	if err != nil && ctx.Err() == nil {
 		r.log.Warn("txhook: sweeping ordered deliveries failed", "error", err)
+	}
+}
+
+// healthSweepInterval is how often a relay repairs endpoints' recorded
+// health from the attempt log. A variable so that tests can shorten it.
+var healthSweepInterval = 30 * time.Second
+
+const (
+	// healthSweepPage is how many endpoints a round looks at, of those in a
+	// run of failures and, a page further each round, of all of them.
+	healthSweepPage = 500
+	// healthSweepChunk is how many endpoints one repair statement locks,
+	// so that completions recording their health wait briefly at most.
+	healthSweepChunk = 50
+	// healthSweepScan is how many of an endpoint's attempts since its
+	// recorded last success a round reads looking for a later one. A
+	// success buried deeper is found before the endpoint could be disabled:
+	// disabling reads the whole log since then.
+	healthSweepScan = 100
+)
+
+// healthCursor is where the next round of the health sweep starts.
+type healthCursor struct{ failing, all string }
+
+// sweepHealth recomputes the recorded health of endpoints from the attempt
+// log. Each completion batch records its endpoints' health right after it
+// is written, so this repairs what that cannot: a relay that died between
+// the two, a recording that failed, and the approximation of batches that
+// landed at the same time. Endpoints in a run of failures, whose run
+// decides whether they are disabled, are looked at every round; the others
+// a page at a time.
+func (r *Relay) sweepHealth(ctx context.Context, cur *healthCursor) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, failing := range []bool{true, false} {
+		after := &cur.all
+		if failing {
+			after = &cur.failing
+		}
+		page, err := r.st.EndpointIDs(ctx, failing, *after, healthSweepPage)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("txhook: sweeping endpoint health failed", "error", err)
+			}
+			return
+		}
+		*after = ""
+		if len(page) == healthSweepPage {
+			*after = page[len(page)-1]
+		}
+		for _, id := range page {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), healthSweepChunk)]
+		ids = ids[len(chunk):]
+		states, err := r.st.RepairHealth(ctx, chunk, healthSweepScan)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("txhook: sweeping endpoint health failed", "error", err)
+			}
+			return
+		}
+		r.comp.healthChanged(ctx, states, nil)
 	}
 }

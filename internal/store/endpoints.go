@@ -22,16 +22,18 @@ type EndpointRow struct {
 	MaxInFlight    int
 	Versions       []byte // JSON object
 	FailingSince   time.Time
+	LastSuccessAt  time.Time
+	LastFailureAt  time.Time
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 }
 
-const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, rate_limit, rate_burst, max_in_flight, versions, failing_since, created_at, updated_at`
+const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, rate_limit, rate_burst, max_in_flight, versions, failing_since, last_success_at, last_failure_at, created_at, updated_at`
 
 // InsertEndpoint writes a new endpoint.
 func (s *Store) InsertEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
 	_, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO txhook_endpoints (`+endpointColumns+`)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)`),
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, ?, ?)`),
 		e.ID, e.Tenant, e.URL, e.Description, string(e.EventTypes), string(e.Secrets), e.Enabled,
 		e.DisabledReason, e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions), s.T(e.CreatedAt), s.T(e.UpdatedAt))
 	return err
@@ -60,11 +62,9 @@ func (s *Store) SetEndpointEnabled(ctx context.Context, id string, enabled bool,
 		if enabled {
 			_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = ?, updated_at = ?
 WHERE endpoint_id = ? AND state = 'paused'`), s.T(now), s.T(now), id)
-		} else {
-			_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'paused', updated_at = ?
-WHERE endpoint_id = ? AND state = 'pending'`), s.T(now), id)
+			return err
 		}
-		return err
+		return s.pauseWaiting(ctx, q, id, now)
 	})
 }
 
@@ -123,14 +123,14 @@ func scanEndpoints(rows *sql.Rows) ([]EndpointRow, error) {
 	var out []EndpointRow
 	for rows.Next() {
 		var e EndpointRow
-		var c, u, f Time
+		var c, u, f, ok, failed Time
 		var types, secrets, versions string
 		if err := rows.Scan(&e.ID, &e.Tenant, &e.URL, &e.Description, &types, &secrets, &e.Enabled,
-			&e.DisabledReason, &e.RateLimit, &e.RateBurst, &e.MaxInFlight, &versions, &f, &c, &u); err != nil {
+			&e.DisabledReason, &e.RateLimit, &e.RateBurst, &e.MaxInFlight, &versions, &f, &ok, &failed, &c, &u); err != nil {
 			return nil, err
 		}
 		e.EventTypes, e.Secrets, e.Versions = []byte(types), []byte(secrets), []byte(versions)
-		e.FailingSince, e.CreatedAt, e.UpdatedAt = f.Time, c.Time, u.Time
+		e.FailingSince, e.LastSuccessAt, e.LastFailureAt, e.CreatedAt, e.UpdatedAt = f.Time, ok.Time, failed.Time, c.Time, u.Time
 		out = append(out, e)
 	}
 	return out, rows.Err()

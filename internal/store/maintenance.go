@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"time"
 )
@@ -20,83 +21,6 @@ func jsonStrings(v []string) string {
 	}
 	b, _ := json.Marshal(v)
 	return string(b)
-}
-
-// EndpointStreak is an endpoint and the start of its run of failures.
-type EndpointStreak struct {
-	ID           string
-	Tenant       string
-	FailingSince time.Time
-}
-
-// TrackEndpoints records attempt outcomes on endpoints: a success ends an
-// endpoint's run of failures (those endpoints are returned as recovered), a
-// failure starts one if none is running. Endpoints in failed (and not in ok)
-// whose run started at or before disableBefore are returned as expired;
-// a zero disableBefore returns none.
-func (s *Store) TrackEndpoints(ctx context.Context, now time.Time, failed, ok []string, disableBefore time.Time) (recovered, expired []EndpointStreak, err error) {
-	okSet := make(map[string]bool, len(ok))
-	for _, id := range ok {
-		okSet[id] = true
-	}
-	var stillFailing []string
-	for _, id := range failed {
-		if !okSet[id] {
-			stillFailing = append(stillFailing, id)
-		}
-	}
-	err = s.Tx(ctx, func(q Querier) error {
-		recovered, expired = nil, nil
-		if len(ok) > 0 {
-			var err error
-			recovered, err = s.streaks(ctx, q, s.textIn("id")+" AND failing_since IS NOT NULL", jsonStrings(ok))
-			if err != nil {
-				return err
-			}
-			if len(recovered) > 0 {
-				ids := make([]string, len(recovered))
-				for i, r := range recovered {
-					ids[i] = r.ID
-				}
-				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET failing_since = NULL WHERE `+s.textIn("id")), jsonStrings(ids)); err != nil {
-					return err
-				}
-			}
-		}
-		if len(stillFailing) == 0 {
-			return nil
-		}
-		if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET failing_since = ? WHERE `+s.textIn("id")+` AND failing_since IS NULL`),
-			s.T(now), jsonStrings(stillFailing)); err != nil {
-			return err
-		}
-		if disableBefore.IsZero() {
-			return nil
-		}
-		var err error
-		expired, err = s.streaks(ctx, q, s.textIn("id")+" AND enabled AND failing_since <= ?", jsonStrings(stillFailing), s.T(disableBefore))
-		return err
-	})
-	return recovered, expired, err
-}
-
-func (s *Store) streaks(ctx context.Context, q Querier, where string, args ...any) ([]EndpointStreak, error) {
-	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, tenant, failing_since FROM txhook_endpoints WHERE `+where), args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []EndpointStreak
-	for rows.Next() {
-		var e EndpointStreak
-		var t Time
-		if err := rows.Scan(&e.ID, &e.Tenant, &t); err != nil {
-			return nil, err
-		}
-		e.FailingSince = t.Time
-		out = append(out, e)
-	}
-	return out, rows.Err()
 }
 
 // PruneFinished deletes up to limit finished deliveries last updated before
@@ -157,4 +81,438 @@ func (s *Store) PruneEvents(ctx context.Context, before time.Time, limit int) (i
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
+}
+
+// Endpoint health: every completion batch records, per endpoint, the start
+// of its latest successful and latest failed attempt (last_success_at,
+// last_failure_at). Both only move forward, so batches from any number of
+// relays can land in any order. failing_since is derived from them and the
+// attempt log: NULL when the last success is at least as late as the last
+// failure, otherwise the start of the first failed attempt after the last
+// success.
+//
+// Every statement that changes several endpoint rows locks them in ID
+// order before it changes any, so relays never deadlock on them, and reads
+// the values it replaces under that lock, so the statement that ends a run
+// of failures is the one, across all relays, that sees it end.
+
+// AttemptTimes are one endpoint's latest successful and latest failed
+// attempt in a batch of completions; a zero time means none.
+type AttemptTimes struct {
+	EndpointID       string
+	Success, Failure time.Time
+}
+
+// HealthState is an endpoint's recorded health as a statement left it.
+type HealthState struct {
+	ID      string
+	Tenant  string
+	Enabled bool
+	// WasFailingSince is failing_since before the statement, read under
+	// the row lock.
+	WasFailingSince time.Time
+	FailingSince    time.Time
+	LastSuccessAt   time.Time
+	LastFailureAt   time.Time
+}
+
+// Recovered reports whether the statement ended a run of failures.
+func (h HealthState) Recovered() bool { return !h.WasFailingSince.IsZero() && h.FailingSince.IsZero() }
+
+// pgFailingSince recomputes failing_since from the row l of new values
+// (id, ok, failed, was). Besides the first failed attempt after the last
+// success that this statement's snapshot shows, the previous failing_since
+// counts when it is later than the last success: it was computed by a
+// statement that may have seen attempts committed after this one's snapshot
+// was taken (PostgreSQL takes it before the row locks are granted). Every
+// candidate is a failed attempt after the last success, so the least one is
+// never earlier than the truth; the relays' sweep makes it exact.
+func pgFailingSince(l string) string {
+	return `CASE WHEN ` + l + `.failed IS NULL OR ` + l + `.ok >= ` + l + `.failed THEN NULL
+    ELSE LEAST(
+        CASE WHEN ` + l + `.ok IS NULL OR ` + l + `.was > ` + l + `.ok THEN ` + l + `.was END,
+        (SELECT min(a.started_at) FROM txhook_attempts a
+         WHERE a.endpoint_id = ` + l + `.id AND a.error <> '' AND a.started_at > COALESCE(` + l + `.ok, '-infinity')),
+        ` + l + `.failed)
+    END`
+}
+
+// pgHealthUpdate applies the locked rows' new values (CTE "locked", with
+// id, was, ok and failed) and returns the health of the rows it changed.
+// Rows it would not change are not written.
+var pgHealthUpdate = `, nv AS MATERIALIZED (
+    SELECT l.id, l.was, l.ok, l.failed, ` + pgFailingSince("l") + ` AS fs
+    FROM locked l
+)
+UPDATE txhook_endpoints ep
+SET last_success_at = nv.ok, last_failure_at = nv.failed, failing_since = nv.fs
+FROM nv
+WHERE ep.id = nv.id
+  AND (ep.last_success_at, ep.last_failure_at, ep.failing_since) IS DISTINCT FROM (nv.ok, nv.failed, nv.fs)
+RETURNING ep.id, ep.tenant, ep.enabled, nv.was, ep.failing_since, ep.last_success_at, ep.last_failure_at`
+
+// pgRecordHealth records a batch's attempt times ($1, a JSON array of
+// {id, ok, failed}). MATERIALIZED, ORDER BY and FOR NO KEY UPDATE: the rows
+// are sorted before they are locked, all of them before any is changed.
+var pgRecordHealth = `WITH b AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(id text, ok timestamptz, failed timestamptz)
+), locked AS MATERIALIZED (
+    SELECT ep.id, ep.failing_since AS was,
+           GREATEST(ep.last_success_at, b.ok) AS ok, GREATEST(ep.last_failure_at, b.failed) AS failed
+    FROM txhook_endpoints ep JOIN b ON b.id = ep.id
+    ORDER BY ep.id
+    FOR NO KEY UPDATE OF ep
+)` + pgHealthUpdate
+
+// pgRepairHealth recomputes the health of endpoints $1 (a JSON array of
+// IDs) from the attempt log: the latest failed attempt through the partial
+// index of failures, the latest success among at most $2 of the attempts
+// since the recorded one (NULL: all of them).
+var pgRepairHealth = `WITH locked AS MATERIALIZED (
+    SELECT ep.id, ep.failing_since AS was,
+           GREATEST(ep.last_success_at, (
+               SELECT max(x.started_at) FROM (
+                   SELECT a.started_at, a.error FROM txhook_attempts a
+                   WHERE a.endpoint_id = ep.id AND a.started_at > COALESCE(ep.last_success_at, '-infinity')
+                   ORDER BY a.started_at DESC LIMIT $2) x
+               WHERE x.error = '')) AS ok,
+           GREATEST(ep.last_failure_at, (
+               SELECT max(a.started_at) FROM txhook_attempts a
+               WHERE a.endpoint_id = ep.id AND a.error <> '')) AS failed
+    FROM txhook_endpoints ep
+    WHERE ep.id IN (SELECT jsonb_array_elements_text($1::jsonb))
+    ORDER BY ep.id
+    FOR NO KEY UPDATE OF ep
+)` + pgHealthUpdate
+
+// greatest is GREATEST(a, b) ignoring NULLs, as PostgreSQL's is; SQLite's
+// max(a, b) is NULL when either is.
+func (s *Store) greatest(a, b string) string {
+	if s.Dialect == Postgres {
+		return `GREATEST(` + a + `, ` + b + `)`
+	}
+	return `CASE WHEN ` + a + ` IS NULL OR (` + b + ` IS NOT NULL AND ` + b + ` > ` + a + `) THEN ` + b + ` ELSE ` + a + ` END`
+}
+
+// sqliteFailingSince recomputes failing_since from the row's (already
+// updated) last_success_at and last_failure_at. SQLite has one writer at a
+// time, so the attempt log is complete as of the statement; the previous
+// failing_since still counts when it is later than the last success, as on
+// PostgreSQL, for runs whose attempts were pruned.
+const sqliteFailingSince = `CASE WHEN last_failure_at IS NULL OR last_success_at >= last_failure_at THEN NULL
+    ELSE min(
+        coalesce((SELECT min(a.started_at) FROM txhook_attempts a
+                  WHERE a.endpoint_id = txhook_endpoints.id AND a.error <> ''
+                    AND (txhook_endpoints.last_success_at IS NULL OR a.started_at > txhook_endpoints.last_success_at)),
+                 last_failure_at),
+        coalesce(CASE WHEN last_success_at IS NULL OR failing_since > last_success_at THEN failing_since END, last_failure_at),
+        last_failure_at)
+    END`
+
+type healthJSON struct {
+	ID     string  `json:"id"`
+	OK     *string `json:"ok"`
+	Failed *string `json:"failed"`
+}
+
+// RecordAttemptTimes records a batch's latest attempt times on their
+// endpoints, recomputes failing_since, and returns the health of the
+// endpoints whose record changed. It is one statement on PostgreSQL.
+func (s *Store) RecordAttemptTimes(ctx context.Context, times []AttemptTimes) ([]HealthState, error) {
+	if len(times) == 0 {
+		return nil, nil
+	}
+	if s.Dialect == Postgres {
+		in := make([]healthJSON, len(times))
+		for i, t := range times {
+			in[i] = healthJSON{ID: t.EndpointID, OK: pgTime(t.Success), Failed: pgTime(t.Failure)}
+		}
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := s.DB.QueryContext(ctx, pgRecordHealth, string(b))
+		if err != nil {
+			return nil, err
+		}
+		return scanHealth(rows)
+	}
+	type row struct {
+		ID     string `json:"id"`
+		OK     *int64 `json:"ok"`
+		Failed *int64 `json:"failed"`
+	}
+	in := make([]row, len(times))
+	ids := make([]string, len(times))
+	for i, t := range times {
+		in[i] = row{ID: t.EndpointID, OK: microsOrNil(t.Success), Failed: microsOrNil(t.Failure)}
+		ids[i] = t.EndpointID
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	var out []HealthState
+	err = s.Tx(ctx, func(q Querier) error {
+		before, err := s.sqliteHealthBefore(ctx, q, ids)
+		if err != nil {
+			return err
+		}
+		if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints
+SET last_success_at = `+s.greatest("last_success_at", "b.ok")+`,
+    last_failure_at = `+s.greatest("last_failure_at", "b.failed")+`
+FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.ok') AS ok, json_extract(value, '$.failed') AS failed
+      FROM json_each(?)) b
+WHERE txhook_endpoints.id = b.id`, string(b)); err != nil {
+			return err
+		}
+		out, err = s.sqliteFinishHealth(ctx, q, ids, before)
+		return err
+	})
+	return out, err
+}
+
+// RepairHealth recomputes the health of the endpoints ids from the attempt
+// log, for attempts whose batch was never recorded (a relay that died
+// between writing a batch and recording it) and for what concurrent
+// batches left approximate. The latest success is looked for among at most
+// scan of the attempts since the recorded one; scan ≤ 0 looks at all of
+// them. It returns the health of the endpoints whose record changed.
+func (s *Store) RepairHealth(ctx context.Context, ids []string, scan int) ([]HealthState, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if s.Dialect == Postgres {
+		return s.repairHealth(ctx, s.DB, ids, scan)
+	}
+	var out []HealthState
+	err := s.Tx(ctx, func(q Querier) error {
+		var err error
+		out, err = s.repairHealth(ctx, q, ids, scan)
+		return err
+	})
+	return out, err
+}
+
+// repairHealth is RepairHealth on q; on SQLite q must be a transaction.
+func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan int) ([]HealthState, error) {
+	if s.Dialect == Postgres {
+		var limit any
+		if scan > 0 {
+			limit = scan
+		}
+		rows, err := q.QueryContext(ctx, pgRepairHealth, jsonStrings(ids), limit)
+		if err != nil {
+			return nil, err
+		}
+		return scanHealth(rows)
+	}
+	if scan <= 0 {
+		scan = -1 // no limit
+	}
+	before, err := s.sqliteHealthBefore(ctx, q, ids)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints
+SET last_success_at = `+s.greatest("last_success_at", `(
+        SELECT max(x.started_at) FROM (
+            SELECT a.started_at, a.error FROM txhook_attempts a
+            WHERE a.endpoint_id = txhook_endpoints.id
+              AND (txhook_endpoints.last_success_at IS NULL OR a.started_at > txhook_endpoints.last_success_at)
+            ORDER BY a.started_at DESC LIMIT ?2) x
+        WHERE x.error = '')`)+`,
+    last_failure_at = `+s.greatest("last_failure_at", `(
+        SELECT max(a.started_at) FROM txhook_attempts a
+        WHERE a.endpoint_id = txhook_endpoints.id AND a.error <> '')`)+`
+WHERE id IN (SELECT value FROM json_each(?1))`, jsonStrings(ids), scan); err != nil {
+		return nil, err
+	}
+	return s.sqliteFinishHealth(ctx, q, ids, before)
+}
+
+// sqliteHealthBefore reads the health of endpoints before a statement
+// changes it (SQLite, inside the transaction that changes them).
+func (s *Store) sqliteHealthBefore(ctx context.Context, q Querier, ids []string) (map[string]HealthState, error) {
+	hs, err := s.healthOf(ctx, q, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]HealthState, len(hs))
+	for _, h := range hs {
+		out[h.ID] = h
+	}
+	return out, nil
+}
+
+// healthOf reads the recorded health of endpoints, ordered by ID.
+func (s *Store) healthOf(ctx context.Context, q Querier, ids []string) ([]HealthState, error) {
+	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, tenant, enabled, NULL, failing_since, last_success_at, last_failure_at
+FROM txhook_endpoints WHERE `+s.textIn("id")+` ORDER BY id`), jsonStrings(ids))
+	if err != nil {
+		return nil, err
+	}
+	return scanHealth(rows)
+}
+
+// sqliteFinishHealth recomputes failing_since of the endpoints ids after
+// their last success and failure times were updated, and returns the
+// health of those whose record changed since before.
+func (s *Store) sqliteFinishHealth(ctx context.Context, q Querier, ids []string, before map[string]HealthState) ([]HealthState, error) {
+	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints SET failing_since = `+sqliteFailingSince+`
+WHERE id IN (SELECT value FROM json_each(?))`, jsonStrings(ids)); err != nil {
+		return nil, err
+	}
+	after, err := s.healthOf(ctx, q, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := after[:0]
+	for _, h := range after {
+		b := before[h.ID]
+		if h.FailingSince.Equal(b.FailingSince) && h.LastSuccessAt.Equal(b.LastSuccessAt) && h.LastFailureAt.Equal(b.LastFailureAt) {
+			continue
+		}
+		h.WasFailingSince = b.FailingSince
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+func scanHealth(rows *sql.Rows) ([]HealthState, error) {
+	defer rows.Close()
+	var out []HealthState
+	for rows.Next() {
+		var h HealthState
+		var w, f, ok, failed Time
+		if err := rows.Scan(&h.ID, &h.Tenant, &h.Enabled, &w, &f, &ok, &failed); err != nil {
+			return nil, err
+		}
+		h.WasFailingSince, h.FailingSince, h.LastSuccessAt, h.LastFailureAt = w.Time, f.Time, ok.Time, failed.Time
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+func pgTime(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := t.UTC().Format(time.RFC3339Nano)
+	return &s
+}
+
+func microsOrNil(t time.Time) *int64 {
+	if t.IsZero() {
+		return nil
+	}
+	v := t.UnixMicro()
+	return &v
+}
+
+// DisableFailing disables endpoint id if its attempts have all failed for at
+// least `after`, as its attempt log shows: under the row lock it first
+// repairs the endpoint's health from the whole log (the rare, exact path;
+// a success that landed meanwhile ends the run), then disables it and parks
+// its waiting deliveries, in one transaction. reason renders the disabled
+// reason from the start of the run. It returns the endpoint's health and
+// whether this call disabled it; only one caller ever does.
+func (s *Store) DisableFailing(ctx context.Context, id string, after time.Duration, now time.Time, reason func(since time.Time) string) (HealthState, bool, error) {
+	var h HealthState
+	var disabled bool
+	err := s.Tx(ctx, func(q Querier) error {
+		h, disabled = HealthState{}, false
+		if s.Dialect == Postgres {
+			// Locked first, so that the statements after this one see every
+			// attempt committed before it was granted.
+			if _, err := q.ExecContext(ctx, `SELECT 1 FROM txhook_endpoints WHERE id = $1 FOR NO KEY UPDATE`, id); err != nil {
+				return err
+			}
+		}
+		hs, err := s.repairHealth(ctx, q, []string{id}, 0)
+		if err != nil {
+			return err
+		}
+		cur, err := s.healthOf(ctx, q, []string{id})
+		if err != nil || len(cur) == 0 {
+			return err
+		}
+		h = cur[0]
+		if len(hs) > 0 {
+			h.WasFailingSince = hs[0].WasFailingSince // the repair's change
+		}
+		if !h.Enabled || h.FailingSince.IsZero() || h.LastFailureAt.Sub(h.FailingSince) < after {
+			return nil
+		}
+		res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET enabled = FALSE, disabled_reason = ?, updated_at = ?
+WHERE id = ? AND enabled`), reason(h.FailingSince), s.T(now), id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return nil
+		}
+		disabled = true
+		h.Enabled = false
+		return s.pauseWaiting(ctx, q, id, now)
+	})
+	return h, disabled, err
+}
+
+// DisableGone disables endpoint id after it answered 410 Gone to an attempt
+// started at goneAt, unless it has been disabled already or an attempt
+// started after that one succeeded; it parks the endpoint's waiting
+// deliveries in the same transaction. It returns the endpoint's tenant and
+// whether this call disabled it; only one caller ever does.
+func (s *Store) DisableGone(ctx context.Context, id string, goneAt, now time.Time, reason string) (string, bool, error) {
+	var tenant string
+	var disabled bool
+	err := s.Tx(ctx, func(q Querier) error {
+		disabled = false
+		err := q.QueryRowContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET enabled = FALSE, disabled_reason = ?, updated_at = ?
+WHERE id = ? AND enabled AND (last_success_at IS NULL OR last_success_at < ?)
+  AND NOT EXISTS (SELECT 1 FROM txhook_attempts a
+                  WHERE a.endpoint_id = txhook_endpoints.id AND a.error = '' AND a.started_at > ?)
+RETURNING tenant`), reason, s.T(now), id, s.T(goneAt), s.T(goneAt)).Scan(&tenant)
+		if err == sql.ErrNoRows {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		disabled = true
+		return s.pauseWaiting(ctx, q, id, now)
+	})
+	return tenant, disabled, err
+}
+
+// pauseWaiting parks an endpoint's waiting deliveries ('paused'), so they
+// spend no attempts while it is disabled.
+func (s *Store) pauseWaiting(ctx context.Context, q Querier, id string, now time.Time) error {
+	_, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'paused', updated_at = ?
+WHERE endpoint_id = ? AND state = 'pending'`), s.T(now), id)
+	return err
+}
+
+// EndpointIDs returns up to limit endpoint IDs after `after`, in ID order:
+// all endpoints, or with failing only those in a run of failures.
+func (s *Store) EndpointIDs(ctx context.Context, failing bool, after string, limit int) ([]string, error) {
+	where := ""
+	if failing {
+		where = "failing_since IS NOT NULL AND "
+	}
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT id FROM txhook_endpoints WHERE `+where+`id > ? ORDER BY id LIMIT ?`), after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
 }
