@@ -30,25 +30,6 @@ const (
 	chaosRelays = 3
 )
 
-// lockedBuffer is a buffer safe for concurrent writers (the relays'
-// stderr).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // spawnRelay starts a relay subprocess whose stderr goes to stderr, and
 // waits until it runs; unlike startRelayProcess it may be called from any
 // goroutine.
@@ -149,7 +130,7 @@ func TestChaosRelaysKilledUnderFailingReceivers(t *testing.T) {
 		return false
 	}
 
-	var stderr lockedBuffer
+	var stderr logBuffer // the relays' stderr
 	env := []string{"TXHOOK_CHILD_FAST_RETRY=1", "TXHOOK_CHILD_ATTEMPTS=4", "TXHOOK_CHILD_LOG_WARN=1", "TXHOOK_CHILD_HEALTH_SWEEP=1s"}
 	var relaysMu sync.Mutex
 	relays := make([]*child, chaosRelays)
