@@ -98,6 +98,11 @@ func TestRecoverSendsWhatADisabledEndpointMissed(t *testing.T) {
 				}
 				return true
 			})
+			// And their outcomes written: a keyed delivery still running
+			// holds its key's line, which the next steps depend on.
+			b.eventually("outcomes written", func() bool {
+				return b.count("SELECT count(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state IN ('pending', 'running')", ep.ID) == 0
+			})
 		}
 		recoverAll := func(want int) {
 			t.Helper()
