@@ -671,7 +671,9 @@ func (s *Scheduler) Expire(now time.Time) []Back {
 		}
 		s.tidy()
 	}
-	if now.Sub(s.lastPrune) >= time.Minute || len(s.eps) > maxIdleEndpoints {
+	// Once a minute, or once a second while over the cap: Expire runs on
+	// every worker's turn, and a prune walks every endpoint.
+	if since := now.Sub(s.lastPrune); since >= time.Minute || (since >= time.Second && len(s.eps) > maxIdleEndpoints) {
 		s.prune(now)
 	}
 	return back

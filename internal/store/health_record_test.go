@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,22 +19,8 @@ func dialect(db *testdb.DB) store.Dialect {
 	return store.SQLite
 }
 
-func rebind(db *testdb.DB, q string) string {
-	if !db.Backend.Postgres() {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, c := range q {
-		if c == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
+// rebind puts q's placeholders in db's dialect.
+func rebind(db *testdb.DB, q string) string { return store.New(db.DB, dialect(db)).Rebind(q) }
 
 func newEndpoint(t *testing.T, ctx context.Context, s *store.Store, id string, failingSince time.Time) {
 	t.Helper()
