@@ -13,6 +13,7 @@ import (
 	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/link"
 	"github.com/txhook/txhook/internal/safehttp"
+	"github.com/txhook/txhook/internal/sqlitelock"
 	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/signer"
 )
@@ -101,6 +102,12 @@ type Outbox struct {
 // schema must exist (see Migrate) unless the statement cannot be prepared
 // yet, in which case Enqueue prepares nothing and costs one more round trip
 // with lib/pq.
+//
+// On SQLite New opens one connection of the pool, waiting within ctx (one
+// minute at most when ctx has no deadline) while another process holds a
+// lock SQLite will not wait for: replicas opening a new database file at
+// the same moment all switch it to WAL, and all but one are refused at
+// once. Any other error opening the connection is returned.
 func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	if db == nil {
 		return nil, errors.New("txhook: outbox.New: nil *sql.DB")
@@ -118,6 +125,11 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 		d = store.SQLite
 	default:
 		return nil, fmt.Errorf("txhook: unknown dialect %q (want postgres or sqlite)", cfg.Dialect)
+	}
+	if d == store.SQLite {
+		if err := sqlitelock.Connect(ctx, db); err != nil {
+			return nil, fmt.Errorf("txhook: outbox.New: open SQLite: %w", err)
+		}
 	}
 	if cfg.MaxPayloadBytes <= 0 {
 		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
@@ -157,7 +169,8 @@ func (o *Outbox) DB() *sql.DB { return o.db }
 func (o *Outbox) Dialect() string { return o.st.Dialect.String() }
 
 // Migrate creates or upgrades txhook's tables. It is idempotent and safe to
-// run from several processes at once. The same schema is available as plain
+// run from several processes at once; on SQLite it waits for the database
+// lock within ctx, as New does. The same schema is available as plain
 // SQL files under internal/store/migrations for teams that apply migrations
 // with their own tool.
 func (o *Outbox) Migrate(ctx context.Context) error {
@@ -220,7 +233,9 @@ func init() {
 // recommends for a database file: WAL journaling so readers never block the
 // writer, a busy timeout so writers queue instead of failing, IMMEDIATE
 // transactions so a transaction that reads before it writes never fails
-// upgrading its lock, and foreign keys on.
+// upgrading its lock, and foreign keys on. Every connection sets WAL, and
+// switching a new file to WAL is the one step the busy timeout does not
+// cover: New waits for it (see New).
 func SQLiteDSN(path string) string {
 	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate&_foreign_keys=on"
 }

@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"reflect"
 	"strconv"
 	"time"
+
+	"github.com/txhook/txhook/internal/sqlitelock"
 )
 
 // Delivery states.
@@ -359,7 +360,7 @@ func Refusal(err error) bool {
 		}
 		return false
 	}
-	if code, _, ok := sqliteCode(err); ok {
+	if code, _, ok := sqlitelock.Code(err); ok {
 		switch code & 0xff {
 		case 18, 19, 20: // SQLITE_TOOBIG, SQLITE_CONSTRAINT, SQLITE_MISMATCH
 			return true
@@ -374,7 +375,7 @@ func ErrorClass(err error) string {
 	if code := sqlState(err); code != "" {
 		return "SQLSTATE " + code
 	}
-	if code, ext, ok := sqliteCode(err); ok {
+	if code, ext, ok := sqlitelock.Code(err); ok {
 		return "SQLite error " + strconv.Itoa(code) + "/" + strconv.Itoa(ext)
 	}
 	switch {
@@ -394,26 +395,4 @@ func sqlState(err error) string {
 		}
 	}
 	return ""
-}
-
-// sqliteCode returns the result codes of a SQLite error from
-// mattn/go-sqlite3 (read by reflection so that PostgreSQL users need not
-// link cgo) or from a driver whose errors have a Code method.
-func sqliteCode(err error) (code, ext int, ok bool) {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if c, isCoder := e.(interface{ Code() int }); isCoder {
-			return c.Code(), c.Code(), true
-		}
-		v := reflect.ValueOf(e)
-		if v.Kind() == reflect.Pointer && !v.IsNil() {
-			v = v.Elem()
-		}
-		if t := v.Type(); t.Kind() == reflect.Struct && t.Name() == "Error" && t.PkgPath() == "github.com/mattn/go-sqlite3" {
-			c, x := v.FieldByName("Code"), v.FieldByName("ExtendedCode")
-			if c.CanInt() && x.CanInt() {
-				return int(c.Int()), int(x.Int()), true
-			}
-		}
-	}
-	return 0, 0, false
 }

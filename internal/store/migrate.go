@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/txhook/txhook/internal/sqlitelock"
 )
 
 //go:embed migrations
@@ -56,12 +58,30 @@ const migrationLockKey = 0x747868_6f6f6b
 // Migrate applies the migrations the database does not have yet, each
 // version recorded in txhook_migrations. It is idempotent, and two processes
 // migrating at once are serialised: an advisory lock on PostgreSQL, the
-// database write lock on SQLite.
+// database write lock on SQLite. On SQLite, a lock error that did not wait
+// on the busy handler (see package sqlitelock) rolls the transaction back
+// and runs it again, within ctx.
 func (s *Store) Migrate(ctx context.Context) (applied []int, err error) {
 	ms, err := Migrations(s.Dialect)
 	if err != nil {
 		return nil, err
 	}
+	if s.Dialect == SQLite {
+		err = sqlitelock.Retry(ctx, func() error {
+			applied, err = s.migrate(ctx, ms)
+			return err
+		})
+	} else {
+		applied, err = s.migrate(ctx, ms)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
+// migrate is one attempt of Migrate, in one transaction.
+func (s *Store) migrate(ctx context.Context, ms []Migration) (applied []int, err error) {
 	err = s.Tx(ctx, func(q Querier) error {
 		if s.Dialect == Postgres {
 			if _, err := q.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLockKey)); err != nil {

@@ -8,6 +8,7 @@
 package testdb
 
 import (
+	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // pgx's database/sql driver, "pgx"
@@ -176,4 +178,35 @@ func Reopen(t testing.TB, db *DB) *sql.DB {
 	}
 	t.Cleanup(func() { other.Close() })
 	return other
+}
+
+// HoldSQLiteLock takes the write lock (RESERVED) of the SQLite file at path
+// through a connection in rollback-journal mode, as a process that is
+// switching a new file to WAL holds it, and returns the function that
+// releases it. It is released when t ends at the latest.
+func HoldSQLiteLock(t testing.TB, path string) (release func()) {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			if _, err := conn.ExecContext(context.Background(), "COMMIT"); err != nil {
+				t.Error(err)
+			}
+			conn.Close()
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
