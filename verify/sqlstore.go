@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/txhook/txhook/internal/sqlitelock"
 )
 
 // SQLConfig configures an SQLStore.
@@ -53,6 +55,12 @@ var identPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // NewSQLStore returns a store on db. It does not create the table: call
 // CreateTable, or run DDL in your own migrations.
+//
+// On SQLite it opens one connection of the pool, waiting within ctx (one
+// minute at most when ctx has no deadline) while another process holds a
+// lock SQLite will not wait for: receivers opening a new database file at
+// the same moment with WAL in the DSN all switch it to WAL, and all but one
+// are refused at once, busy timeout or not.
 func NewSQLStore(ctx context.Context, db *sql.DB, cfg SQLConfig) (*SQLStore, error) {
 	if cfg.Table == "" {
 		cfg.Table = "txhook_inbox"
@@ -74,6 +82,14 @@ func NewSQLStore(ctx context.Context, db *sql.DB, cfg SQLConfig) (*SQLStore, err
 	if err != nil {
 		return nil, err
 	}
+	if db == nil {
+		return nil, errors.New("verify: NewSQLStore: nil *sql.DB")
+	}
+	if cfg.Dialect == "sqlite" {
+		if err := sqlitelock.Connect(ctx, db); err != nil {
+			return nil, fmt.Errorf("verify: open SQLite: %w", err)
+		}
+	}
 	return &SQLStore{db: db, cfg: cfg, q: q}, nil
 }
 
@@ -82,8 +98,16 @@ func NewSQLStore(ctx context.Context, db *sql.DB, cfg SQLConfig) (*SQLStore, err
 func (s *SQLStore) DDL() []string { return append([]string(nil), s.q.ddl...) }
 
 // CreateTable runs DDL in one transaction (on PostgreSQL under an advisory
-// lock, so that receivers starting together do not collide).
+// lock, so that receivers starting together do not collide; on SQLite run
+// again, within ctx, when it meets a lock SQLite did not wait for).
 func (s *SQLStore) CreateTable(ctx context.Context) error {
+	if s.cfg.Dialect == "sqlite" {
+		return sqlitelock.Retry(ctx, func() error { return s.createTable(ctx) })
+	}
+	return s.createTable(ctx)
+}
+
+func (s *SQLStore) createTable(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/txhook/txhook/internal/sqlitelock"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/verify"
 	"github.com/txhook/txhook/verify/internal/storetest"
@@ -76,7 +78,7 @@ func TestSQLStoreSetup(t *testing.T) {
 			t.Fatalf("tables are not separate: %v %v", st, err)
 		}
 	})
-	for _, c := range []verify.SQLConfig{{Dialect: "mysql"}, {Table: "inbox; DROP TABLE x"}, {Table: "a.b"}} {
+	for _, c := range []verify.SQLConfig{{Dialect: "mysql"}, {Table: "inbox; DROP TABLE x"}, {Table: "a.b"}, {Dialect: "sqlite"} /* and no database */} {
 		if _, err := verify.NewSQLStore(context.Background(), nil, c); err == nil {
 			t.Errorf("NewSQLStore(%+v) accepted", c)
 		}
@@ -215,4 +217,41 @@ func rebind(db *testdb.DB, q string) string {
 		return q
 	}
 	return strings.ReplaceAll(q, "$", "?")
+}
+
+// TestSQLStoreWaitsForLock: while another connection holds the write lock
+// of a new SQLite file in rollback mode, as a receiver switching it to WAL
+// does, a pool whose DSN sets WAL cannot switch the file, and SQLite
+// refuses that at once, busy timeout or not. NewSQLStore and CreateTable
+// must wait for the lock instead of failing the receiver's startup.
+func TestSQLStoreWaitsForLock(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	release := testdb.HoldSQLiteLock(t, path)
+	db := testdb.Reopen(t, &testdb.DB{Backend: testdb.Backends[0], DSN: testdb.SQLiteDSN(path)})
+	waiting := make(chan struct{})
+	var once sync.Once
+	wctx := sqlitelock.OnWait(ctx, func(error) { once.Do(func() { close(waiting) }) })
+	done := make(chan error, 1)
+	go func() {
+		s, err := verify.NewSQLStore(wctx, db, verify.SQLConfig{})
+		if err == nil {
+			err = s.CreateTable(wctx)
+		}
+		if err == nil {
+			_, err = s.Claim(wctx, "evt_1", "token", time.Minute)
+		}
+		done <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("the receiver did not wait for the lock: %v", err)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatalf("after the lock was released: %v", err)
+	}
 }
