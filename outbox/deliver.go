@@ -260,35 +260,40 @@ func (pc *pinCache) version(raw []byte, typ string) (int, bool, error) {
 const secretKeyRetry = time.Minute
 
 // secretCache holds endpoints' decrypted secrets, in memory only, once per
-// endpoint and stored value: a rotation or re-encryption stores a new
-// value, which is decrypted on first use. The endpoint ID is part of the
-// key, as the ciphertext is bound to it.
+// stored value: a rotation or re-encryption stores a new value, which is
+// decrypted on first use. An entry serves only the endpoint it was
+// decrypted for, as the ciphertext is bound to it.
 type secretCache struct {
 	mu sync.Mutex
-	m  map[string][]Secret
+	m  map[string]cachedSecrets
 	// keyErrAt is when a key failure was last logged (Unix ns).
 	keyErrAt atomic.Int64
 }
 
+type cachedSecrets struct {
+	endpointID string
+	secrets    []Secret
+}
+
 func (sc *secretCache) active(ctx context.Context, o *Outbox, endpointID string, raw []byte, now time.Time) ([]string, error) {
-	key := endpointID + "\x00" + string(raw)
 	sc.mu.Lock()
-	ss, ok := sc.m[key]
+	e, ok := sc.m[string(raw)]
 	sc.mu.Unlock()
-	if !ok {
-		var err error
-		if ss, err = o.openSecrets(ctx, endpointID, raw); err != nil {
+	if !ok || e.endpointID != endpointID {
+		ss, err := o.openSecrets(ctx, endpointID, raw)
+		if err != nil {
 			return nil, err
 		}
+		e = cachedSecrets{endpointID: endpointID, secrets: ss}
 		sc.mu.Lock()
 		if sc.m == nil || len(sc.m) > 10000 {
-			sc.m = map[string][]Secret{}
+			sc.m = map[string]cachedSecrets{}
 		}
-		sc.m[key] = ss
+		sc.m[string(raw)] = e
 		sc.mu.Unlock()
 	}
-	out := make([]string, 0, len(ss))
-	for _, s := range ss {
+	out := make([]string, 0, len(e.secrets))
+	for _, s := range e.secrets {
 		if s.Active(now) {
 			out = append(out, s.Value)
 		}

@@ -298,8 +298,11 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 		return Endpoint{}, fmt.Errorf("txhook: create endpoint: %w", err)
 	}
 	e, err := endpointFromRow(row)
+	if err != nil {
+		return Endpoint{}, err
+	}
 	e.Secrets = secrets
-	return e, err
+	return e, nil
 }
 
 // UpdateEndpoint changes an endpoint's URL, description, event types,
