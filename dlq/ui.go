@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -49,6 +50,21 @@ type UIConfig struct {
 
 	// PageSize is how many rows a page lists. Default 50, at most 500.
 	PageSize int
+
+	// TrustedProxies are the addresses of the reverse proxies that
+	// terminate TLS in front of the UI, such as 10.0.0.0/8. A request
+	// whose peer is in one of them and whose X-Forwarded-Proto says https
+	// (the last value, the one that proxy set) counts as made over TLS, as
+	// does one the UI's own server received over TLS. Empty: only the
+	// latter. Make sure those proxies overwrite X-Forwarded-Proto.
+	//
+	// Over TLS the CSRF cookie is "__Host-txhook_csrf": Secure, Path=/,
+	// no Domain, so neither plain HTTP nor a sibling subdomain can set or
+	// replace it, and only that cookie is accepted. Browsers refuse
+	// __Host- cookies without Secure, so over plain HTTP (local
+	// development) the cookie is "txhook_csrf", scoped to Prefix, without
+	// Secure.
+	TrustedProxies []netip.Prefix
 }
 
 //go:embed templates/*.html static/*
@@ -64,7 +80,8 @@ var uiFS embed.FS
 // secrets, which it shows masked unless an operator asks to reveal them.
 //
 // Every request must pass cfg.Authorize. Every POST must carry the CSRF
-// token of its form (a double-submit cookie checked with an HMAC) and pass
+// token of its form (a double-submit cookie checked with an HMAC; a
+// __Host- cookie over TLS, see UIConfig.TrustedProxies) and pass
 // net/http's cross-origin protection, or it is refused with 403; GET never
 // changes anything. Responses forbid framing, caching, inline scripts and
 // referrers.
@@ -149,9 +166,10 @@ type ui struct {
 }
 
 const (
-	csrfCookie = "txhook_csrf"
-	csrfField  = "csrf"
-	maxForm    = 1 << 20
+	csrfCookie       = "txhook_csrf"
+	csrfSecureCookie = "__Host-txhook_csrf"
+	csrfField        = "csrf"
+	maxForm          = 1 << 20
 )
 
 func (u *ui) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -204,7 +222,7 @@ func (u *ui) checkCSRF(w http.ResponseWriter, r *http.Request) error {
 	if err := r.ParseForm(); err != nil {
 		return errors.New("unreadable form")
 	}
-	c, err := r.Cookie(csrfCookie)
+	c, err := r.Cookie(u.csrfCookie(r))
 	if err != nil || !validNonce(c.Value) {
 		return errors.New("missing CSRF cookie; reload the page")
 	}
@@ -233,17 +251,55 @@ func (u *ui) token(nonce string) string {
 // csrf returns the form token for the request's CSRF cookie, setting a new
 // cookie when it has none.
 func (u *ui) csrf(w http.ResponseWriter, r *http.Request) string {
-	if c, err := r.Cookie(csrfCookie); err == nil && validNonce(c.Value) {
+	name := u.csrfCookie(r)
+	if c, err := r.Cookie(name); err == nil && validNonce(c.Value) {
 		return u.token(c.Value)
 	}
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	nonce := base64.RawURLEncoding.EncodeToString(b)
-	http.SetCookie(w, &http.Cookie{
-		Name: csrfCookie, Value: nonce, Path: u.cfg.Prefix,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
-	})
+	c := &http.Cookie{Name: name, Value: nonce, Path: u.cfg.Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode}
+	if name == csrfSecureCookie {
+		c.Path, c.Secure = "/", true
+	}
+	http.SetCookie(w, c)
 	return u.token(nonce)
+}
+
+// csrfCookie names the CSRF cookie of r: the __Host- one over TLS.
+func (u *ui) csrfCookie(r *http.Request) string {
+	if u.overTLS(r) {
+		return csrfSecureCookie
+	}
+	return csrfCookie
+}
+
+// overTLS reports whether r reached the UI's server over TLS, or reached
+// a trusted proxy over TLS by that proxy's X-Forwarded-Proto.
+func (u *ui) overTLS(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if len(u.cfg.TrustedProxies) == 0 {
+		return false
+	}
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	trusted := false
+	for _, p := range u.cfg.TrustedProxies {
+		trusted = trusted || p.Contains(peer.Addr().Unmap())
+	}
+	vals := r.Header.Values("X-Forwarded-Proto")
+	if !trusted || len(vals) == 0 {
+		return false
+	}
+	last := vals[len(vals)-1]
+	if i := strings.LastIndexByte(last, ','); i >= 0 {
+		last = last[i+1:]
+	}
+	return strings.EqualFold(strings.TrimSpace(last), "https")
 }
 
 // page is what every template gets.

@@ -1,12 +1,15 @@
 package outbox
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txhook/txhook/internal/store"
@@ -53,7 +56,14 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		out.local = true
 		return r.fail(out, now, now, 0, err.Error(), "", false), 0
 	}
-	secrets, err := r.secrets.active(c.Secrets, now)
+	secrets, err := r.secrets.active(r.httpCtx, r.o, c.EndpointID, c.Secrets, now)
+	if errors.Is(err, ErrSecretKey) {
+		// The keys changed under a running relay: no attempt is spent,
+		// nothing reaches the receiver; the delivery waits for a relay
+		// with the right keys.
+		r.secrets.keyFailed(r.log, now, err)
+		return releaseOutcome(out, now.Add(secretKeyRetry)), 0
+	}
 	if err == nil && len(secrets) == 0 {
 		err = errors.New("endpoint has no active signing secret")
 	}
@@ -126,7 +136,7 @@ func (r *Relay) fail(out outcome, started, now time.Time, status int, msg, retry
 		next = now
 	}
 	out.State, out.NextAt = store.StatePending, next
-	r.log.Warn("txhook: delivery failed; will retry", "event", out.eventID, "type", out.eventType,
+	r.log.Info("txhook: delivery failed; will retry", "event", out.eventID, "type", out.eventType,
 		"endpoint", out.endpointID, "attempt", out.Attempt, "status", status, "error", msg, "next_attempt_at", next)
 	return out
 }
@@ -170,7 +180,7 @@ func (r *Relay) leaseEnd(j *job) time.Time {
 }
 
 func (r *Relay) deadLettered(x *outcome) {
-	r.log.Error("txhook: delivery dead-lettered after its last attempt", "event", x.eventID, "type", x.eventType,
+	r.log.Warn("txhook: delivery dead-lettered after its last attempt", "event", x.eventID, "type", x.eventType,
 		"tenant", x.tenant, "endpoint", x.endpointID, "attempts", x.Attempts, "status", x.Status, "error", x.Error)
 	if r.cfg.OnDeadLetter != nil {
 		r.cfg.OnDeadLetter(DeadLetterNotice{
@@ -245,33 +255,58 @@ func (pc *pinCache) version(raw []byte, typ string) (int, bool, error) {
 	return v, ok, nil
 }
 
-// secretCache decodes endpoints' stored secrets once per distinct value.
+// secretKeyRetry is how long a delivery whose endpoint's secrets cannot
+// be decrypted waits, unspent, before a relay tries it again.
+const secretKeyRetry = time.Minute
+
+// secretCache holds endpoints' decrypted secrets, in memory only, once per
+// stored value: a rotation or re-encryption stores a new value, which is
+// decrypted on first use. An entry serves only the endpoint it was
+// decrypted for, as the ciphertext is bound to it.
 type secretCache struct {
 	mu sync.Mutex
-	m  map[string][]Secret
+	m  map[string]cachedSecrets
+	// keyErrAt is when a key failure was last logged (Unix ns).
+	keyErrAt atomic.Int64
 }
 
-func (sc *secretCache) active(raw []byte, now time.Time) ([]string, error) {
+type cachedSecrets struct {
+	endpointID string
+	secrets    []Secret
+}
+
+func (sc *secretCache) active(ctx context.Context, o *Outbox, endpointID string, raw []byte, now time.Time) ([]string, error) {
 	sc.mu.Lock()
-	ss, ok := sc.m[string(raw)]
+	e, ok := sc.m[string(raw)]
 	sc.mu.Unlock()
-	if !ok {
-		var err error
-		if ss, err = decodeSecrets(raw); err != nil {
+	if !ok || e.endpointID != endpointID {
+		ss, err := o.openSecrets(ctx, endpointID, raw)
+		if err != nil {
 			return nil, err
 		}
+		e = cachedSecrets{endpointID: endpointID, secrets: ss}
 		sc.mu.Lock()
 		if sc.m == nil || len(sc.m) > 10000 {
-			sc.m = map[string][]Secret{}
+			sc.m = map[string]cachedSecrets{}
 		}
-		sc.m[string(raw)] = ss
+		sc.m[string(raw)] = e
 		sc.mu.Unlock()
 	}
-	out := make([]string, 0, len(ss))
-	for _, s := range ss {
+	out := make([]string, 0, len(e.secrets))
+	for _, s := range e.secrets {
 		if s.Active(now) {
 			out = append(out, s.Value)
 		}
 	}
 	return out, nil
+}
+
+// keyFailed logs a failure to decrypt secrets at most once a minute.
+func (sc *secretCache) keyFailed(log *slog.Logger, now time.Time, err error) {
+	last := sc.keyErrAt.Load()
+	if last != 0 && now.UnixNano()-last < int64(secretKeyRetry) || !sc.keyErrAt.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	log.Error("txhook: cannot decrypt an endpoint's signing secrets; its deliveries wait, spending no attempt, until a relay has the right Config.SecretCipher keys (logged at most once a minute)",
+		"error", err)
 }

@@ -56,6 +56,16 @@
 // pooled connection. Polling every RelayConfig.PollInterval remains as the
 // fallback.
 //
+// # Secrets at rest
+//
+// With Config.SecretCipher set (AESGCM, or a host's KMS behind Cipher),
+// endpoint signing secrets are stored encrypted, each ciphertext bound to
+// its endpoint, and decrypted only in memory; relays decrypt each
+// endpoint's once. Relay.Start fails with ErrSecretKey when a stored row
+// needs a key the Cipher lacks. Rows stored in plaintext before keep
+// working; RotateSecret and ReencryptSecrets encrypt them, and
+// ReencryptSecrets also moves rows to a new key after a key rotation.
+//
 // # Use
 //
 //	ob, err := outbox.New(ctx, db, outbox.Config{})

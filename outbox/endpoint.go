@@ -273,13 +273,19 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 		return Endpoint{}, err
 	}
 	now := o.clock.Now().UTC()
+	id := "ep_" + ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
+	secrets := []Secret{{Value: secret}}
+	stored, err := o.sealSecrets(ctx, id, secrets)
+	if err != nil {
+		return Endpoint{}, err
+	}
 	row := store.EndpointRow{
-		ID:          "ep_" + ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String(),
+		ID:          id,
 		Tenant:      ne.Tenant,
 		URL:         ne.URL,
 		Description: ne.Description,
 		EventTypes:  types,
-		Secrets:     encodeSecrets([]Secret{{Value: secret}}),
+		Secrets:     stored,
 		Enabled:     true,
 		RateLimit:   ne.Limits.RatePerSecond,
 		RateBurst:   ne.Limits.Burst,
@@ -291,7 +297,12 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	if err := o.st.InsertEndpoint(ctx, o.db, row); err != nil {
 		return Endpoint{}, fmt.Errorf("txhook: create endpoint: %w", err)
 	}
-	return endpointFromRow(row)
+	e, err := endpointFromRow(row)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	e.Secrets = secrets
+	return e, nil
 }
 
 // UpdateEndpoint changes an endpoint's URL, description, event types,
@@ -334,7 +345,7 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 	if err := o.st.UpdateEndpoint(ctx, o.db, row); err != nil {
 		return Endpoint{}, o.endpointErr(id, err)
 	}
-	return endpointFromRow(row)
+	return o.endpointOut(ctx, row)
 }
 
 // DisableEndpoint stops deliveries to an endpoint. Its queued deliveries
@@ -394,7 +405,7 @@ func (o *Outbox) Endpoint(ctx context.Context, id string) (Endpoint, error) {
 	if err != nil {
 		return Endpoint{}, err
 	}
-	return endpointFromRow(row)
+	return o.endpointOut(ctx, row)
 }
 
 // Endpoints returns a tenant's endpoints.
@@ -408,7 +419,7 @@ func (o *Outbox) Endpoints(ctx context.Context, tenant string) ([]Endpoint, erro
 	}
 	out := make([]Endpoint, 0, len(rows))
 	for _, r := range rows {
-		e, err := endpointFromRow(r)
+		e, err := o.endpointOut(ctx, r)
 		if err != nil {
 			return nil, err
 		}
@@ -455,6 +466,20 @@ func (o *Outbox) wake(ctx context.Context) {
 	}
 }
 
+// endpointOut is the endpoint of row r with its secrets decrypted.
+func (o *Outbox) endpointOut(ctx context.Context, r store.EndpointRow) (Endpoint, error) {
+	e, err := endpointFromRow(r)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	if e.Secrets, err = o.openSecrets(ctx, r.ID, r.Secrets); err != nil {
+		return Endpoint{}, err
+	}
+	return e, nil
+}
+
+// endpointFromRow is the endpoint of row r without its secrets, which are
+// stored encrypted when a Cipher is configured (see endpointOut).
 func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 	e := Endpoint{
 		ID: r.ID, Tenant: r.Tenant, URL: r.URL, Description: r.Description,
@@ -469,10 +494,6 @@ func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 		if err := json.Unmarshal(r.Versions, &e.Versions); err != nil {
 			return Endpoint{}, fmt.Errorf("txhook: stored versions: %w", err)
 		}
-	}
-	var err error
-	if e.Secrets, err = decodeSecrets(r.Secrets); err != nil {
-		return Endpoint{}, err
 	}
 	return e, nil
 }

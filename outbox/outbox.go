@@ -77,6 +77,14 @@ type Config struct {
 	// versions it lists, and relays convert payloads with its converters.
 	Catalog *Catalog
 
+	// SecretCipher, if set, encrypts endpoint signing secrets at rest:
+	// they are stored encrypted with its current key, bound to their
+	// endpoint, and decrypted in memory only (see AESGCM, and "Secrets at
+	// rest" in the README). Secrets stored in plaintext before it was set
+	// keep working; RotateSecret and ReencryptSecrets encrypt them. Nil
+	// stores them in plaintext, with a warning logged by New.
+	SecretCipher Cipher
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -152,6 +160,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	if o.log == nil {
 		o.log = slog.Default()
 	}
+	o.warnUnencrypted()
 	o.prepare(ctx)
 	return o, nil
 }

@@ -140,6 +140,10 @@ func (r *Relay) ID() string { return r.cfg.ID }
 // Start begins claiming and delivering in the background and returns. If
 // ctx is cancelled the relay stops at once, as Stop with an expired
 // context would.
+//
+// Start fails, with an error matching ErrSecretKey, when endpoint secrets
+// are stored encrypted under a key Config.SecretCipher cannot use (or with
+// no Cipher set): one endpoint per key ID in use is decrypted to check.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -148,6 +152,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
 		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)
+	}
+	if err := r.o.checkSecretKeys(ctx); err != nil {
+		return fmt.Errorf("txhook: relay start: %w", err)
 	}
 	r.started = true
 

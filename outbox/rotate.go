@@ -25,7 +25,9 @@ type Rotation struct {
 // from now on every request carries a signature by the new secret and, until
 // the overlap ends, one by each secret in use before, so a receiver verifying
 // with either one accepts it. Secrets whose overlap has ended are dropped.
-// It returns the endpoint with its secrets, newest first.
+// It returns the endpoint with its secrets, newest first. With
+// Config.SecretCipher set, the secrets are stored encrypted under its
+// current key, whatever form they had before.
 func (o *Outbox) RotateSecret(ctx context.Context, id string, r Rotation) (Endpoint, error) {
 	if err := checkEndpointID(id); err != nil {
 		return Endpoint{}, err
@@ -45,7 +47,7 @@ func (o *Outbox) RotateSecret(ctx context.Context, id string, r Rotation) (Endpo
 	}
 	now := o.clock.Now().UTC()
 	err = o.st.ModifySecrets(ctx, id, now, func(cur []byte) ([]byte, error) {
-		old, err := decodeSecrets(cur)
+		old, err := o.openSecrets(ctx, id, cur)
 		if err != nil {
 			return nil, err
 		}
@@ -60,7 +62,7 @@ func (o *Outbox) RotateSecret(ctx context.Context, id string, r Rotation) (Endpo
 			}
 			next = append(next, s)
 		}
-		return encodeSecrets(next), nil
+		return o.sealSecrets(ctx, id, next)
 	})
 	if err != nil {
 		return Endpoint{}, o.endpointErr(id, err)

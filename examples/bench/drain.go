@@ -150,6 +150,14 @@ func drainBacklog(ctx context.Context, db *sql.DB, appName string, ob *outbox.Ou
 	if err := fillByEnqueue(ctx, db, ob, tenant, n); err != nil {
 		return res, err
 	}
+	return timeDrain(ctx, db, appName, ob, conc, n, analyze)
+}
+
+// timeDrain times a relay (conc in flight, to each endpoint too; other
+// settings default) delivering the n deliveries waiting in ob, until
+// Stats().Succeeded, which counts outcomes written back, reaches n.
+func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbox, conc, n int, analyze bool) (drainResult, error) {
+	var res drainResult
 	if analyze {
 		// The server may run with autovacuum off; a real outbox has
 		// statistics.

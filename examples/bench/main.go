@@ -22,6 +22,10 @@
 //     statement) with a small and a large backlog, and the peak RSS of a
 //     separate relay process draining the large one.
 //   - sqlite: the drain on SQLite.
+//   - secrets: a drain over many endpoints with their signing secrets
+//     encrypted at rest (Config.SecretCipher) against plaintext secrets,
+//     alternating rounds, on PostgreSQL (pgx), or SQLite without the DSN;
+//     and the cost of one decryption.
 //   - signer: signing and verification micro-benchmarks.
 //
 // PostgreSQL parts are skipped when TXHOOK_BENCH_POSTGRES_DSN is unset.
@@ -57,7 +61,7 @@ import (
 const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
 
 // allParts lists the parts in the order they run.
-var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "sqlite", "signer"}
+var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "sqlite", "secrets", "signer"}
 
 // config holds every knob of a run; defaults are the published settings.
 type config struct {
@@ -89,6 +93,11 @@ type config struct {
 	SQLiteConc   int
 	SQLiteRounds int
 
+	SecretsEvents    int
+	SecretsEndpoints int
+	SecretsConc      int
+	SecretsRounds    int
+
 	SignerBenchtime time.Duration
 
 	Revision string // the txhook revision measured, for the report
@@ -98,27 +107,31 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		Parts:           allParts,
-		EnqueueConns:    16,
-		EnqueueRound:    time.Second,
-		EnqueueRounds:   15,
-		EnqueueDrivers:  []string{"postgres", "pgx"},
-		DrainEvents:     20000,
-		DrainConc:       []int{16, 100},
-		DrainRounds:     5,
-		LatencyRates:    []int{500, 2000},
-		LatencyWarmup:   3 * time.Second,
-		LatencyDur:      15 * time.Second,
-		FairnessRate:    100,
-		BacklogSmall:    10000,
-		BacklogLarge:    1000000,
-		ClaimSamples:    25,
-		RSSEvents:       1000000,
-		RSSTimeout:      6 * time.Minute,
-		SQLiteEvents:    20000,
-		SQLiteConc:      16,
-		SQLiteRounds:    5,
-		SignerBenchtime: time.Second,
+		Parts:            allParts,
+		EnqueueConns:     16,
+		EnqueueRound:     time.Second,
+		EnqueueRounds:    15,
+		EnqueueDrivers:   []string{"postgres", "pgx"},
+		DrainEvents:      20000,
+		DrainConc:        []int{16, 100},
+		DrainRounds:      5,
+		LatencyRates:     []int{500, 2000},
+		LatencyWarmup:    3 * time.Second,
+		LatencyDur:       15 * time.Second,
+		FairnessRate:     100,
+		BacklogSmall:     10000,
+		BacklogLarge:     1000000,
+		ClaimSamples:     25,
+		RSSEvents:        1000000,
+		RSSTimeout:       6 * time.Minute,
+		SQLiteEvents:     20000,
+		SQLiteConc:       16,
+		SQLiteRounds:     5,
+		SecretsEvents:    20000,
+		SecretsEndpoints: 1000,
+		SecretsConc:      16,
+		SecretsRounds:    5,
+		SignerBenchtime:  time.Second,
 	}
 }
 
@@ -158,6 +171,10 @@ func main() {
 	flag.IntVar(&cfg.SQLiteEvents, "sqlite-events", cfg.SQLiteEvents, "sqlite: backlog size")
 	flag.IntVar(&cfg.SQLiteConc, "sqlite-conc", cfg.SQLiteConc, "sqlite: requests in flight")
 	flag.IntVar(&cfg.SQLiteRounds, "sqlite-rounds", cfg.SQLiteRounds, "sqlite: rounds (alternating with the bare loop)")
+	flag.IntVar(&cfg.SecretsEvents, "secrets-events", cfg.SecretsEvents, "secrets: backlog size")
+	flag.IntVar(&cfg.SecretsEndpoints, "secrets-endpoints", cfg.SecretsEndpoints, "secrets: endpoints (one per tenant) the backlog is spread over")
+	flag.IntVar(&cfg.SecretsConc, "secrets-conc", cfg.SecretsConc, "secrets: requests in flight")
+	flag.IntVar(&cfg.SecretsRounds, "secrets-rounds", cfg.SecretsRounds, "secrets: rounds per arm (alternating)")
 	flag.DurationVar(&cfg.SignerBenchtime, "signer-benchtime", cfg.SignerBenchtime, "signer: time per micro-benchmark")
 	flag.DurationVar(&cfg.NotifyInterval, "notify-interval", 0, "Config.NotifyInterval for the enqueue and latency parts (0: the default; negative: no NOTIFY)")
 	flag.StringVar(&cfg.Revision, "revision", "", "txhook revision to name in the report (default: asked of git)")
@@ -244,6 +261,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 		{"fairness", true, func() error { return partFairness(ctx, cfg, rep, p, rcv) }},
 		{"backlog", true, func() error { return partBacklog(ctx, cfg, rep, p, rcv) }},
 		{"sqlite", false, func() error { return partSQLite(ctx, cfg, rep, p, rcv) }},
+		{"secrets", false, func() error { return partSecrets(ctx, cfg, rep, p, rcv) }},
 		{"signer", false, func() error { return partSigner(cfg, rep, p) }},
 	}
 	for _, s := range steps {

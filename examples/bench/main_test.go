@@ -21,27 +21,31 @@ func TestMain(m *testing.M) {
 // tinyConfig runs every part at a size that only proves it works.
 func tinyConfig() config {
 	return config{
-		DSN:             os.Getenv("TXHOOK_TEST_POSTGRES_DSN"),
-		EnqueueConns:    4,
-		EnqueueRound:    150 * time.Millisecond,
-		EnqueueRounds:   2,
-		EnqueueDrivers:  []string{"postgres", "pgx"},
-		DrainEvents:     300,
-		DrainConc:       []int{16, 100},
-		DrainRounds:     1,
-		LatencyRates:    []int{200},
-		LatencyWarmup:   200 * time.Millisecond,
-		LatencyDur:      500 * time.Millisecond,
-		FairnessRate:    50,
-		BacklogSmall:    800,
-		BacklogLarge:    2000,
-		ClaimSamples:    3,
-		RSSEvents:       300,
-		RSSTimeout:      20 * time.Second,
-		SQLiteEvents:    300,
-		SQLiteConc:      16,
-		SQLiteRounds:    1,
-		SignerBenchtime: 5 * time.Millisecond,
+		DSN:              os.Getenv("TXHOOK_TEST_POSTGRES_DSN"),
+		EnqueueConns:     4,
+		EnqueueRound:     150 * time.Millisecond,
+		EnqueueRounds:    2,
+		EnqueueDrivers:   []string{"postgres", "pgx"},
+		DrainEvents:      300,
+		DrainConc:        []int{16, 100},
+		DrainRounds:      1,
+		LatencyRates:     []int{200},
+		LatencyWarmup:    200 * time.Millisecond,
+		LatencyDur:       500 * time.Millisecond,
+		FairnessRate:     50,
+		BacklogSmall:     800,
+		BacklogLarge:     2000,
+		ClaimSamples:     3,
+		RSSEvents:        300,
+		RSSTimeout:       20 * time.Second,
+		SQLiteEvents:     300,
+		SQLiteConc:       16,
+		SQLiteRounds:     1,
+		SecretsEvents:    300,
+		SecretsEndpoints: 30,
+		SecretsConc:      16,
+		SecretsRounds:    1,
+		SignerBenchtime:  5 * time.Millisecond,
 	}
 }
 
@@ -56,12 +60,13 @@ func TestPartsSmoke(t *testing.T) {
 		"fairness": {"beside hostile tenants"},
 		"backlog":  {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog", "without a VACUUM since"},
 		"sqlite":   {"drain, SQLite"},
+		"secrets":  {"secrets encrypted at rest", "AES-256-GCM decryption"},
 		"signer":   {},
 	}
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {
 			cfg := tinyConfig()
-			if cfg.DSN == "" && part != "sqlite" && part != "signer" {
+			if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
 				t.Skip("PostgreSQL part skipped: set TXHOOK_TEST_POSTGRES_DSN to run it")
 			}
 			cfg.Parts = []string{part}

@@ -14,7 +14,7 @@ type EndpointRow struct {
 	URL            string
 	Description    string
 	EventTypes     []byte // JSON array
-	Secrets        []byte // JSON array
+	Secrets        []byte // JSON: the array, or its encrypted envelope (outbox/secrets.go)
 	Enabled        bool
 	DisabledReason string
 	RateLimit      float64

@@ -1,0 +1,142 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+)
+
+// EndpointSecrets is an endpoint's ID and its stored secrets column.
+type EndpointSecrets struct {
+	ID      string
+	Secrets []byte
+}
+
+// SecretsPage reads up to limit endpoints' secrets in ID order, starting
+// after the ID after, without locking them.
+func (s *Store) SecretsPage(ctx context.Context, after string, limit int) ([]EndpointSecrets, error) {
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets FROM txhook_endpoints WHERE id > ? ORDER BY id LIMIT ?`), after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return scanSecrets(rows)
+}
+
+func scanSecrets(rows interface {
+	Next() bool
+	Scan(...any) error
+	Err() error
+	Close() error
+}) ([]EndpointSecrets, error) {
+	defer rows.Close()
+	var out []EndpointSecrets
+	for rows.Next() {
+		var id, secrets string
+		if err := rows.Scan(&id, &secrets); err != nil {
+			return nil, err
+		}
+		out = append(out, EndpointSecrets{ID: id, Secrets: []byte(secrets)})
+	}
+	return out, rows.Err()
+}
+
+// SecretKeySamples returns, for each key ID found in an encrypted secrets
+// column (a JSON object with a "kid" member), the endpoint with the
+// lowest ID stored under it and its secrets: enough to check at start-up
+// that every key in use is known and right, without reading every row.
+func (s *Store) SecretKeySamples(ctx context.Context) ([]EndpointSecrets, error) {
+	q := `SELECT MIN(id) FROM txhook_endpoints WHERE json_type(secrets) = 'object' GROUP BY json_extract(secrets, '$.kid')`
+	if s.Dialect == Postgres {
+		q = `SELECT MIN(id) FROM txhook_endpoints WHERE jsonb_typeof(secrets) = 'object' GROUP BY secrets->>'kid'`
+	}
+	rows, err := s.DB.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	list, _ := json.Marshal(ids)
+	rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets FROM txhook_endpoints WHERE `+s.textIDsIn("id")+` ORDER BY id`), string(list))
+	if err != nil {
+		return nil, err
+	}
+	return scanSecrets(rows)
+}
+
+// textIDsIn renders "col IN (…)" over a JSON array of strings parameter.
+func (s *Store) textIDsIn(col string) string {
+	if s.Dialect == Postgres {
+		return col + ` IN (SELECT jsonb_array_elements_text(?::jsonb))`
+	}
+	return col + ` IN (SELECT value FROM json_each(?))`
+}
+
+// RewriteSecrets rewrites the secrets of the endpoints ids in one
+// transaction: fn gets each row's current value and returns the new one,
+// or nil to leave the row alone. On PostgreSQL the rows are locked (FOR
+// UPDATE SKIP LOCKED), so a concurrent ModifySecrets never loses its
+// write, and rows another transaction holds are skipped rather than
+// waited for, so this never takes part in a deadlock: it returns the IDs
+// of the rows that exist but were skipped, for the caller to try again
+// later. On SQLite the transaction holds the database's write lock and
+// skips nothing. updated_at is left alone: the endpoint does not change,
+// only how its secrets are stored.
+func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(id string, current []byte) ([]byte, error)) (skipped []string, err error) {
+	list, _ := json.Marshal(ids)
+	where := ` FROM txhook_endpoints WHERE ` + s.textIDsIn("id") + ` ORDER BY id`
+	err = s.Tx(ctx, func(q Querier) error {
+		skipped = nil
+		var exist map[string]bool
+		lock := ""
+		if s.Dialect == Postgres {
+			lock = " FOR UPDATE SKIP LOCKED"
+			rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, ''`+where), string(list))
+			if err != nil {
+				return err
+			}
+			all, err := scanSecrets(rows)
+			if err != nil {
+				return err
+			}
+			exist = make(map[string]bool, len(all))
+			for _, e := range all {
+				exist[e.ID] = true
+			}
+		}
+		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, secrets`+where+lock), string(list))
+		if err != nil {
+			return err
+		}
+		cur, err := scanSecrets(rows)
+		if err != nil {
+			return err
+		}
+		for _, c := range cur {
+			delete(exist, c.ID)
+			next, err := fn(c.ID, c.Secrets)
+			if err != nil {
+				return err
+			}
+			if next != nil {
+				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET secrets = ? WHERE id = ?`), string(next), c.ID); err != nil {
+					return err
+				}
+			}
+		}
+		for id := range exist {
+			skipped = append(skipped, id)
+		}
+		return nil
+	})
+	return skipped, err
+}

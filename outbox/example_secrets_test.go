@@ -1,0 +1,63 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/txhook/txhook/outbox"
+)
+
+// Encrypt endpoint signing secrets at rest with a keyring from the
+// environment, and move existing rows to its current key.
+func ExampleAESGCM() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "txhook-example-")
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	// In production: os.Getenv("TXHOOK_SECRET_KEYS"), made with
+	// `echo "k1:$(openssl rand -base64 32)"`; the first key encrypts.
+	keys := "k1:WmwPaHfqW3Iz3G1fJ8sO8ZV1JYbm0r9NdpR1m3b7x9s="
+	cipher, err := outbox.ParseAESGCMKeys(keys)
+	if err != nil {
+		panic(err)
+	}
+	ob, err := outbox.New(ctx, db, outbox.Config{SecretCipher: cipher,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		panic(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	ep, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "merchant_42", URL: "https://93.184.215.14/webhooks"})
+	if err != nil {
+		panic(err)
+	}
+
+	var stored string
+	db.QueryRow(`SELECT json_extract(secrets, '$.kid') FROM txhook_endpoints WHERE id = ?`, ep.ID).Scan(&stored)
+	fmt.Println("stored under key", stored)
+	read, _ := ob.Endpoint(ctx, ep.ID)
+	fmt.Println("read back:", read.Secrets[0].Value == ep.Secrets[0].Value)
+
+	// After adding a key (or setting the first one over plaintext rows):
+	res, err := ob.ReencryptSecrets(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("%+v\n", res)
+	// Output:
+	// stored under key k1
+	// read back: true
+	// {Endpoints:1 Encrypted:0 Rekeyed:0}
+}
