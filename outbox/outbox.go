@@ -17,12 +17,27 @@ import (
 	"github.com/txhook/txhook/signer"
 )
 
-// Clock tells the time and makes timers. Tests substitute a fake one; nil
-// means the wall clock.
-type Clock = clock.Clock
+// Clock tells the time and makes timers: Config.Clock. Tests substitute a
+// fake one; nil means the wall clock. The relay reads it to schedule
+// retries and to decide which pending deliveries are due; leases are timed
+// by the database's clock whatever it says.
+type Clock = interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a Timer that fires once, d from now.
+	NewTimer(d time.Duration) Timer
+}
 
-// Timer is a one-shot timer made by a Clock.
-type Timer = clock.Timer
+// Timer is a one-shot timer made by a Clock: the part of *time.Timer that
+// txhook uses.
+type Timer = interface {
+	// C returns the channel on which the timer sends the time when it fires.
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it was active.
+	Stop() bool
+	// Reset changes the timer to fire d from now.
+	Reset(d time.Duration)
+}
 
 // Default limits.
 const (

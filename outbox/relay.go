@@ -98,8 +98,13 @@ type job struct {
 	startBy time.Time
 }
 
-// ErrRelayStarted is returned by Start on a relay that was started before.
+// ErrRelayStarted is returned by Start on a relay that is running.
 var ErrRelayStarted = errors.New("txhook: relay already started")
+
+// ErrRelayStopped is returned by Start on a relay that was stopped (by Stop
+// or by the end of Start's context): a relay runs once. Make a new one with
+// Outbox.NewRelay; the deliveries the old one released are waiting for it.
+var ErrRelayStopped = errors.New("txhook: relay was stopped; a relay runs once, make a new one with Outbox.NewRelay")
 
 // NewRelay returns a relay for the outbox. Start it with Start.
 func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
@@ -139,11 +144,15 @@ func (r *Relay) ID() string { return r.cfg.ID }
 
 // Start begins claiming and delivering in the background and returns. If
 // ctx is cancelled the relay stops at once, as Stop with an expired
-// context would.
+// context would. A relay starts once: Start returns ErrRelayStarted while
+// it runs and ErrRelayStopped once it is stopping or stopped.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
+		if r.stopping.Load() {
+			return ErrRelayStopped
+		}
 		return ErrRelayStarted
 	}
 	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
