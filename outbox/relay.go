@@ -61,7 +61,7 @@ type Relay struct {
 	pins      pinCache
 	transport transportCache
 	refusals  logLimiter
-	stats   relayCounters
+	stats     relayCounters
 
 	clockCheck clockCheck // this relay's clock against the database's; see clockcheck.go
 }
