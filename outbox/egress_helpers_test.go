@@ -36,9 +36,15 @@ type connectProxy struct {
 }
 
 func newConnectProxy(t testing.TB, auth string) *connectProxy {
+	p := startConnectProxy(auth)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// startConnectProxy starts a connectProxy; Close stops it.
+func startConnectProxy(auth string) *connectProxy {
 	p := &connectProxy{auth: auth}
 	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
-	t.Cleanup(p.Close)
 	return p
 }
 
