@@ -55,22 +55,16 @@ func (b *bundle) outboxOn(cfg outbox.Config) *outbox.Outbox {
 	return ob
 }
 
-// startRelay starts a relay of ob, stopped when the test ends.
-func (b *bundle) startRelay(ob *outbox.Outbox, cfg outbox.RelayConfig) *outbox.Relay {
-	b.t.Helper()
-	r, err := ob.NewRelay(cfg)
-	if err != nil {
-		b.t.Fatal(err)
+// recv waits for a value on ch.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitFor):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
 	}
-	if err := r.Start(b.ctx); err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.Stop(ctx)
-	})
-	return r
 }
 
 func basicAuth(user, pw string) string {
@@ -101,13 +95,8 @@ func TestDeliveryThroughConnectProxy(t *testing.T) {
 		r := b.relay(outbox.RelayConfig{Proxy: pu, RootCAs: roots})
 		b.enqueue(outbox.Event{Tenant: "proxied", Type: "payment.succeeded", Payload: []byte(`{"n":1}`)})
 
-		select {
-		case h := <-got:
-			if h.Get("Webhook-Signature") == "" {
-				t.Fatalf("https receiver got no signature: %v", h)
-			}
-		case <-time.After(waitFor):
-			t.Fatal("the https receiver got nothing")
+		if h := recv(t, got, "a request at the https receiver"); h.Get("Webhook-Signature") == "" {
+			t.Fatalf("https receiver got no signature: %v", h)
 		}
 		b.eventually("both delivered", func() bool {
 			d1, ok1 := b.delivery(epPlain.ID)
@@ -340,12 +329,7 @@ func TestEndpointHeaders(t *testing.T) {
 		}
 		b.relay(outbox.RelayConfig{})
 		b.enqueue(outbox.Event{Tenant: "m", Type: "t", Payload: []byte(`{}`)})
-		var got received
-		select {
-		case got = <-rc.got:
-		case <-time.After(waitFor):
-			t.Fatal("nothing received")
-		}
+		got := recv(t, rc.got, "a request")
 		if got.Header.Get("Authorization") != "Bearer merchant-token" || got.Header.Get("X-Route") != "eu-1" ||
 			got.Header.Get("Webhook-Signature") == "" || got.Header.Get("Content-Type") != "application/json" {
 			t.Fatalf("received headers %v", got.Header)
@@ -397,13 +381,8 @@ func TestEndpointClientCertificate(t *testing.T) {
 		r := b.relay(outbox.RelayConfig{RootCAs: roots})
 		b.enqueue(outbox.Event{Tenant: "m1", Type: "t", Payload: []byte(`{}`)})
 		b.enqueue(outbox.Event{Tenant: "m2", Type: "t", Payload: []byte(`{}`)})
-		select {
-		case cn := <-peers:
-			if cn != "relay-for-m1" {
-				t.Fatalf("server saw client %q", cn)
-			}
-		case <-time.After(waitFor):
-			t.Fatal("the mTLS server got nothing")
+		if cn := recv(t, peers, "a request at the mTLS server"); cn != "relay-for-m1" {
+			t.Fatalf("server saw client %q", cn)
 		}
 		b.eventually("both outcomes", func() bool {
 			d1, _ := b.delivery(withCert.ID)
