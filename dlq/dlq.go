@@ -52,8 +52,9 @@ var (
 	// ErrEndpointGone: the dead letter's endpoint was deleted, so it cannot
 	// be replayed.
 	ErrEndpointGone = errors.New("txhook: endpoint of dead letter no longer exists")
-	// ErrInvalidCursor: a List cursor was not produced by List.
-	ErrInvalidCursor = errors.New("txhook: invalid cursor")
+	// ErrInvalidCursor: a List cursor was not produced by List. It is
+	// outbox.ErrInvalidCursor, the one error for every bad page cursor.
+	ErrInvalidCursor = outbox.ErrInvalidCursor
 )
 
 // Filter selects dead letters. Zero fields do not filter.

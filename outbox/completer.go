@@ -64,6 +64,9 @@ type outcome struct {
 	// toward its circuit breaker. local: the attempt failed on our side
 	// (signing, conversion) and says nothing about the receiver.
 	fault, local bool
+	// refused: this relay's target rules refused the endpoint; the
+	// delivery went back unspent.
+	refused bool
 	// deadline is when the delivery's lease ends, on the local monotonic
 	// clock (time.Now, never the relay's Clock). Past it the outcome is
 	// not retried: another relay may own the delivery. Zero: never
@@ -279,6 +282,8 @@ func (c *completer) report(ctx context.Context, batch []outcome, applied []int64
 			r.stats.dead.Add(1)
 			r.deadLettered(x)
 			outcome = OutcomeDeadLettered
+		case x.refused:
+			r.stats.refused.Add(1)
 		case x.Attempts < x.Attempt:
 			r.stats.released.Add(1)
 		default:

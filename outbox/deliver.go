@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,6 +57,12 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		out.local = true
 		return r.fail(out, now, now, 0, err.Error(), "", false), 0
 	}
+	custom, cert, err := r.endpointTransport(c)
+	if err != nil {
+		r.log.Error("txhook: cannot read the endpoint's stored headers or client certificate; set them again", "endpoint", c.EndpointID, "error", err)
+		out.local = true
+		return r.fail(out, now, now, 0, err.Error(), "", false), 0
+	}
 	secrets, err := r.secrets.active(r.httpCtx, r.o, c.EndpointID, c.Secrets, now)
 	if errors.Is(err, ErrSecretKey) {
 		// The keys changed under a running relay: no attempt is spent,
@@ -67,7 +74,10 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 	if err == nil && len(secrets) == 0 {
 		err = errors.New("endpoint has no active signing secret")
 	}
-	h := make(http.Header, 8)
+	h := make(http.Header, 8+len(custom))
+	for k, v := range custom { // first: ours below replace any of the same name
+		h[k] = []string{v}
+	}
 	h["Content-Type"] = jsonContentType
 	h[HeaderEventID] = []string{c.EventID}
 	h[HeaderEventType] = []string{c.Type}
@@ -81,7 +91,10 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		return r.fail(out, now, now, 0, "signing failed: "+err.Error(), "", false), 0
 	}
 
-	res := r.client.Post(r.httpCtx, c.URL, h, body)
+	res := r.client.PostCert(r.httpCtx, c.URL, h, body, cert)
+	if res.Err != nil && refusedByRules(res) && r.httpCtx.Err() == nil {
+		return r.refuse(out, now, c.EndpointID, res.Err), 0
+	}
 	rec := store.AttemptRecord{
 		Attempt: c.Attempt, StartedAt: now, Duration: res.Duration,
 		Status: res.Status, Excerpt: string(res.Excerpt),
@@ -106,6 +119,17 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		hint = res.RetryAfter
 	}
 	return r.fail(out, now, r.clock.Now(), res.Status, msg, hint, false), res.Duration
+}
+
+// endpointTransport returns the endpoint's custom headers and client
+// certificate, decoded once per distinct stored value.
+func (r *Relay) endpointTransport(c *store.Claimed) (map[string]string, *tls.Certificate, error) {
+	h, err := r.transport.header(c.Headers)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := r.transport.cert(c.ClientCert, c.ClientKey)
+	return h, cert, err
 }
 
 // fail schedules the next attempt after a failed one, or dead-letters the

@@ -4,17 +4,17 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/txhook/txhook/internal/store"
 )
 
-// Delivery states.
+// Delivery states, the values of Delivery.State (and of the state column of
+// txhook_deliveries).
 const (
-	StatePending   = store.StatePending   // waiting for its next attempt
-	StateRunning   = store.StateRunning   // claimed by a relay
-	StateSucceeded = store.StateSucceeded // a 2xx was received
-	StateDead      = store.StateDead      // attempts exhausted; in the dead-letter table
-	StatePaused    = store.StatePaused    // its endpoint is disabled
+	StatePending   = "pending"   // waiting for its next attempt
+	StateRunning   = "running"   // claimed by a relay, under a lease
+	StateSucceeded = "succeeded" // a 2xx was received
+	StateDead      = "dead"      // attempts exhausted; in the dead-letter table
+	StatePaused    = "paused"    // its endpoint is disabled
+	StateBlocked   = "blocked"   // an earlier event of its ordering key goes first
 )
 
 // Delivery is one event on its way to one endpoint. A replay creates a new

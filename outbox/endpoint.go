@@ -37,6 +37,11 @@ type Endpoint struct {
 	// Versions pins schema versions by event type: events of a pinned type
 	// are converted to that version before they are sent (see Catalog).
 	Versions map[string]int
+	// Headers are sent with every request (see NewEndpoint.Headers).
+	Headers Headers
+	// ClientCert is the certificate presented to the endpoint, without its
+	// key; nil for none.
+	ClientCert *ClientCert
 	// FailingSince is when the current run of failed attempts began (the
 	// start of the first failed attempt after the last success); zero
 	// when the endpoint is not failing. It is what DisableAfter measures.
@@ -170,6 +175,24 @@ type NewEndpoint struct {
 	Limits Limits
 	// Versions pins schema versions by event type.
 	Versions map[string]int
+	// Headers are sent with every request, for receivers that want their
+	// own credentials (an Authorization header) or routing headers. At
+	// most MaxEndpointHeaders, names RFC 9110 tokens, values printable
+	// ASCII (MaxEndpointHeaderValue bytes each, MaxEndpointHeaderBytes in
+	// all). Names that txhook sets or that belong to the connection are
+	// refused with ErrReservedHeader: Content-Type, Content-Length,
+	// Content-Encoding, Transfer-Encoding, Host, User-Agent, traceparent,
+	// tracestate, baggage, the hop-by-hop headers (Connection, Keep-Alive,
+	// TE, Trailer, Upgrade, Expect), Proxy-*, and every Webhook-* and
+	// X-Webhook-* name. Authorization is allowed. The relay sets its own
+	// headers after these, so a custom signature header name configured
+	// on the relay's signer also wins. Values are stored as they are, like
+	// secrets.
+	Headers Headers
+	// ClientCert, if set, is presented to the endpoint when its server
+	// asks for a client certificate (mTLS); refused with
+	// ErrInvalidClientCert if unreadable, mismatched or expired.
+	ClientCert *ClientCert
 }
 
 // EndpointUpdate changes an endpoint; nil fields are left as they are.
@@ -179,6 +202,11 @@ type EndpointUpdate struct {
 	EventTypes  *[]string
 	Limits      *Limits
 	Versions    *map[string]int
+	// Headers replaces every custom header; an empty map removes them.
+	Headers *Headers
+	// ClientCert replaces the client certificate; one with an empty
+	// CertPEM removes it.
+	ClientCert *ClientCert
 }
 
 func (o *Outbox) checkVersions(v map[string]int) ([]byte, error) {
@@ -235,14 +263,31 @@ func (o *Outbox) checkURL(ctx context.Context, u string) error {
 	if !utf8Valid(u) {
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidURL)
 	}
-	return safehttp.CheckURL(ctx, u, o.target)
+	return explainTarget(safehttp.CheckURL(ctx, u, o.target))
 }
 
-// CreateEndpoint registers an endpoint. The URL is checked first: absolute
+// checkClientCert validates c and returns its stored form: "" for none.
+func (o *Outbox) checkClientCert(c ClientCert) (certPEM, keyPEM string, err error) {
+	if len(c.CertPEM) == 0 {
+		if len(c.KeyPEM) != 0 {
+			return "", "", fmt.Errorf("%w: %w: a key without a certificate", ErrInvalidEndpoint, ErrInvalidClientCert)
+		}
+		return "", "", nil
+	}
+	if err := c.check(o.clock.Now()); err != nil {
+		return "", "", err
+	}
+	return string(c.CertPEM), string(c.KeyPEM), nil
+}
+
+// CreateEndpoint registers an endpoint. The URL is checked: absolute
 // http(s), https unless Config.AllowHTTP, and, unless
 // Config.AllowPrivateTargets, a host that resolves only to public
-// addresses. Errors match ErrInvalidURL, ErrInsecureURL, ErrForbiddenTarget,
-// ErrInvalidEndpoint or ErrInvalidSecret.
+// addresses (or to Config.AllowedTargets). Errors match ErrInvalidURL,
+// ErrInsecureURL, ErrForbiddenTarget, ErrHostNotFound (the name does not
+// exist), ErrDNSUnavailable (the lookup failed for a passing reason: try
+// again), ErrInvalidEndpoint (with ErrReservedHeader or
+// ErrInvalidClientCert for those fields) or ErrInvalidSecret.
 func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, error) {
 	if ne.Tenant == "" || len(ne.Tenant) > 255 || !printable(ne.Tenant) {
 		return Endpoint{}, fmt.Errorf("%w: tenant must be 1 to 255 printable characters", ErrInvalidEndpoint)
@@ -260,6 +305,16 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	}
 	if err := ne.Limits.check(); err != nil {
 		return Endpoint{}, err
+	}
+	headers, err := checkHeaders(ne.Headers)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	var certPEM, keyPEM string
+	if ne.ClientCert != nil {
+		if certPEM, keyPEM, err = o.checkClientCert(*ne.ClientCert); err != nil {
+			return Endpoint{}, err
+		}
 	}
 	if err := o.checkURL(ctx, ne.URL); err != nil {
 		return Endpoint{}, err
@@ -291,6 +346,9 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 		RateBurst:   ne.Limits.Burst,
 		MaxInFlight: ne.Limits.MaxInFlight,
 		Versions:    versions,
+		Headers:     headers,
+		ClientCert:  certPEM,
+		ClientKey:   keyPEM,
 		CreatedAt:   now,
 		UpdatedAt:   now,
 	}
@@ -306,7 +364,7 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 }
 
 // UpdateEndpoint changes an endpoint's URL, description, event types,
-// limits or pinned versions. Deliveries already queued go to the new URL,
+// limits, pinned versions, headers or client certificate. Deliveries already queued go to the new URL,
 // in the pinned version, from their next attempt.
 func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdate) (Endpoint, error) {
 	row, err := o.endpointRow(ctx, id)
@@ -338,6 +396,16 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 	}
 	if up.Versions != nil {
 		if row.Versions, err = o.checkVersions(*up.Versions); err != nil {
+			return Endpoint{}, err
+		}
+	}
+	if up.Headers != nil {
+		if row.Headers, err = checkHeaders(*up.Headers); err != nil {
+			return Endpoint{}, err
+		}
+	}
+	if up.ClientCert != nil {
+		if row.ClientCert, row.ClientKey, err = o.checkClientCert(*up.ClientCert); err != nil {
 			return Endpoint{}, err
 		}
 	}
@@ -494,6 +562,14 @@ func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 		if err := json.Unmarshal(r.Versions, &e.Versions); err != nil {
 			return Endpoint{}, fmt.Errorf("txhook: stored versions: %w", err)
 		}
+	}
+	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
+		if err := json.Unmarshal(r.Headers, &e.Headers); err != nil {
+			return Endpoint{}, fmt.Errorf("txhook: stored headers: %w", err)
+		}
+	}
+	if r.ClientCert != "" {
+		e.ClientCert = &ClientCert{CertPEM: []byte(r.ClientCert)}
 	}
 	return e, nil
 }

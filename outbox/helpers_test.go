@@ -87,7 +87,13 @@ func (b *bundle) enqueue(ev outbox.Event) string {
 // relay starts a relay and stops it when the test ends.
 func (b *bundle) relay(cfg outbox.RelayConfig) *outbox.Relay {
 	b.t.Helper()
-	r, err := b.ob.NewRelay(cfg)
+	return b.startRelay(b.ob, cfg)
+}
+
+// startRelay starts a relay of ob and stops it when the test ends.
+func (b *bundle) startRelay(ob *outbox.Outbox, cfg outbox.RelayConfig) *outbox.Relay {
+	b.t.Helper()
+	r, err := ob.NewRelay(cfg)
 	if err != nil {
 		b.t.Fatal(err)
 	}

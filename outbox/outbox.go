@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -18,12 +19,27 @@ import (
 	"github.com/txhook/txhook/signer"
 )
 
-// Clock tells the time and makes timers. Tests substitute a fake one; nil
-// means the wall clock.
-type Clock = clock.Clock
+// Clock tells the time and makes timers: Config.Clock. Tests substitute a
+// fake one; nil means the wall clock. The relay reads it to schedule
+// retries and to decide which pending deliveries are due; leases are timed
+// by the database's clock whatever it says.
+type Clock = interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a Timer that fires once, d from now.
+	NewTimer(d time.Duration) Timer
+}
 
-// Timer is a one-shot timer made by a Clock.
-type Timer = clock.Timer
+// Timer is a one-shot timer made by a Clock: the part of *time.Timer that
+// txhook uses.
+type Timer = interface {
+	// C returns the channel on which the timer sends the time when it fires.
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it was active.
+	Stop() bool
+	// Reset changes the timer to fire d from now.
+	Reset(d time.Duration)
+}
 
 // Default limits.
 const (
@@ -45,6 +61,20 @@ type Config struct {
 	MaxPayloadBytes int
 
 	// AllowHTTP allows plain http:// endpoint URLs. Default: https only.
+	//
+	// AllowHTTP, AllowPrivateTargets and AllowedTargets are the target
+	// rules. CreateEndpoint and UpdateEndpoint apply them to the URL, and
+	// each relay to every connection it makes, with the rules of the
+	// Outbox it was made from. Relays sharing a database should share the
+	// rules; if they differ, a relay that refuses an endpoint by its rules
+	// spends none of the delivery's attempts: it hands the delivery back,
+	// due again in RefusedRetryDelay (for any relay: one whose rules allow
+	// the endpoint delivers it), with a last error that names the rule
+	// and the field that sets it, logs a warning (once a minute per
+	// endpoint) and counts it in RelayStats.Refused. Such a delivery never
+	// dead-letters while it is refused: change the rules, or the
+	// endpoint's URL, or disable the endpoint. A redirect to a refused
+	// target is an ordinary failed attempt.
 	AllowHTTP bool
 
 	// AllowPrivateTargets allows endpoint URLs that resolve to loopback,
@@ -56,6 +86,12 @@ type Config struct {
 	// AllowedTargets are networks reachable even though they are private,
 	// such as a partner's VPN range: narrower than AllowPrivateTargets.
 	AllowedTargets []netip.Prefix
+
+	// Resolver resolves endpoint host names, at registration and when
+	// relays connect; nil means net.DefaultResolver. With
+	// RelayConfig.Proxy the proxy resolves names; a relay resolves them
+	// only to refuse those that resolve to forbidden addresses.
+	Resolver *net.Resolver
 
 	// NotifyInterval is, on PostgreSQL, the least time between two wake-up
 	// notifications this Outbox adds to enqueuing transactions. NOTIFY
@@ -157,6 +193,9 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 			AllowPrefixes: cfg.AllowedTargets,
 		},
 	}
+	if cfg.Resolver != nil {
+		o.target.LookupIPAddr = cfg.Resolver.LookupIPAddr
+	}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
@@ -227,6 +266,13 @@ var (
 	// ErrForbiddenTarget: the URL's host is, or resolves to, a loopback,
 	// private, link-local, metadata or otherwise non-public address.
 	ErrForbiddenTarget = safehttp.ErrForbiddenAddress
+	// ErrHostNotFound: the URL's host name does not exist (NXDOMAIN) or
+	// has no address. Check the name; asking again will not help.
+	ErrHostNotFound = safehttp.ErrHostNotFound
+	// ErrDNSUnavailable: the URL's host name could not be resolved for a
+	// reason that may pass (a DNS timeout or SERVFAIL, no DNS server
+	// reachable): try again later.
+	ErrDNSUnavailable = safehttp.ErrDNSUnavailable
 	// ErrInvalidSecret: a supplied signing secret is not usable.
 	ErrInvalidSecret = signer.ErrInvalidSecret
 )

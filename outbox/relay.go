@@ -57,15 +57,17 @@ type Relay struct {
 	stopped     chan struct{}
 	stopErr     error
 
-	secrets secretCache
-	pins    pinCache
-	stats   relayCounters
+	secrets   secretCache
+	pins      pinCache
+	transport transportCache
+	refusals  logLimiter
+	stats     relayCounters
 
 	clockCheck clockCheck // this relay's clock against the database's; see clockcheck.go
 }
 
 type relayCounters struct {
-	claimed, succeeded, failed, dead, released, lost atomic.Uint64
+	claimed, succeeded, failed, dead, released, refused, lost atomic.Uint64
 }
 
 // RelayStats counts what a relay has done since it started.
@@ -75,6 +77,10 @@ type RelayStats struct {
 	Failed       uint64 // failed attempts recorded with a retry scheduled
 	DeadLettered uint64 // deliveries moved to the dead-letter table
 	Released     uint64 // claims given back unspent (stopping, limits, open circuit, busy or disabled endpoint)
+	// Refused counts claims given back unspent because this relay's
+	// target rules (Config.AllowHTTP, AllowPrivateTargets, AllowedTargets)
+	// refuse the endpoint: see Config.
+	Refused uint64
 	// LeaseLost counts outcomes not written: another relay took the
 	// delivery over, or the write kept failing until the lease ended (or
 	// the relay stopped), so the next holder records the attempt as lapsed.
@@ -85,7 +91,8 @@ type RelayStats struct {
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
-		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), LeaseLost: r.stats.lost.Load(),
+		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), Refused: r.stats.refused.Load(),
+		LeaseLost: r.stats.lost.Load(),
 	}
 }
 
@@ -98,8 +105,13 @@ type job struct {
 	startBy time.Time
 }
 
-// ErrRelayStarted is returned by Start on a relay that was started before.
+// ErrRelayStarted is returned by Start on a relay that is running.
 var ErrRelayStarted = errors.New("txhook: relay already started")
+
+// ErrRelayStopped is returned by Start on a relay that was stopped (by Stop
+// or by the end of Start's context): a relay runs once. Make a new one with
+// Outbox.NewRelay; the deliveries the old one released are waiting for it.
+var ErrRelayStopped = errors.New("txhook: relay was stopped; a relay runs once, make a new one with Outbox.NewRelay")
 
 // NewRelay returns a relay for the outbox. Start it with Start.
 func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
@@ -122,6 +134,11 @@ func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
 			MaxRedirects:        cfg.MaxRedirects,
 			MaxBodyBytes:        cfg.MaxResponseBytes,
 			MaxIdleConnsPerHost: cfg.EndpointConcurrency,
+			LookupIPAddr:        o.target.LookupIPAddr,
+			Proxy:               cfg.Proxy,
+			DialContext:         cfg.DialContext,
+			WrapTransport:       cfg.WrapTransport,
+			RootCAs:             cfg.RootCAs,
 		}),
 		sch:        sched.New(cfg.schedConfig()),
 		rearm:      make(chan time.Duration, 1),
@@ -139,7 +156,8 @@ func (r *Relay) ID() string { return r.cfg.ID }
 
 // Start begins claiming and delivering in the background and returns. If
 // ctx is cancelled the relay stops at once, as Stop with an expired
-// context would.
+// context would. A relay starts once: Start returns ErrRelayStarted while
+// it runs and ErrRelayStopped once it is stopping or stopped.
 //
 // Start fails, with an error matching ErrSecretKey, when endpoint secrets
 // are stored encrypted under a key Config.SecretCipher cannot use (or with
@@ -148,6 +166,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
+		if r.stopping.Load() {
+			return ErrRelayStopped
+		}
 		return ErrRelayStarted
 	}
 	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {

@@ -1,9 +1,14 @@
 package outbox
 
 import (
+	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"time"
 
@@ -127,6 +132,42 @@ type RelayConfig struct {
 	BreakerThreshold   int
 	BreakerCooldown    time.Duration // default 30 s
 	BreakerMaxCooldown time.Duration // default 10 min
+
+	// Proxy, if set, is an HTTP CONNECT egress proxy, such as smokescreen,
+	// that every request goes through: for http and https endpoints alike
+	// the relay asks it for a tunnel to the endpoint's host:port (and to
+	// each redirect's), sending Proxy-Authorization: Basic when the URL
+	// has user:password, and speaks TLS to the endpoint inside the tunnel.
+	// Receivers then see the proxy's addresses, which you can publish.
+	// The URL is http://host:port; for a proxy that speaks TLS, return
+	// the TLS connection from DialContext. Environment proxies
+	// (HTTPS_PROXY) are never used.
+	//
+	// With a proxy, the proxy resolves endpoint names, not the relay. The
+	// relay still refuses, by the target rules of Config, an IP-literal
+	// endpoint it forbids, and a name that it can resolve itself (within
+	// half of ConnectTimeout) to any address it forbids; a name it cannot
+	// resolve is left to the proxy. The proxy must therefore enforce its
+	// own rules on what it resolves and connects to (smokescreen refuses
+	// private addresses by default): that is the only check against DNS
+	// rebinding behind a proxy. A tunnel the proxy refuses is a failed
+	// attempt ("egress proxy ... refused CONNECT ...: 403 Forbidden").
+	Proxy *url.URL
+
+	// DialContext, if set, makes the relay's TCP connections: to Proxy
+	// when it is set, otherwise to endpoints, always as ip:port of an
+	// address the target rules allow (the relay resolves the name and
+	// checks each address first). Default: a net.Dialer with
+	// ConnectTimeout.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// WrapTransport, if set, wraps the http.RoundTripper that sends each
+	// request (each redirect separately), for instrumentation or
+	// a custom egress. It must send the request it is given.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
+
+	// RootCAs verify endpoints' TLS certificates; nil means the system's.
+	RootCAs *x509.CertPool
 }
 
 // EndpointNotice describes a change in an endpoint's health.
@@ -248,6 +289,8 @@ func (c RelayConfig) validate() error {
 		return bad("MaxResponseBytes is negative")
 	case c.Retry.MaxAttempts() < 1:
 		return bad("retry policy allows no attempt")
+	case c.Proxy != nil && (c.Proxy.Scheme != "http" || c.Proxy.Hostname() == "" || c.Proxy.Path != "" && c.Proxy.Path != "/"):
+		return bad("Proxy must be http://[user:password@]host:port (return a TLS connection from DialContext for a TLS proxy)")
 	}
 	if v, ok := c.Retry.(interface{ Validate() error }); ok {
 		if err := v.Validate(); err != nil {

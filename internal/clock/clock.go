@@ -8,15 +8,19 @@ import (
 	"time"
 )
 
-// Clock tells the time and makes timers.
-type Clock interface {
+// Clock tells the time and makes timers. It is an alias of an interface
+// literal, as is outbox.Clock, so the two are the same type and go doc
+// shows the methods where users look.
+type Clock = interface {
+	// Now returns the current time.
 	Now() time.Time
 	// NewTimer returns a timer that fires once after d.
 	NewTimer(d time.Duration) Timer
 }
 
 // Timer is the part of *time.Timer that txhook uses.
-type Timer interface {
+type Timer = interface {
+	// C returns the channel the timer sends the time on when it fires.
 	C() <-chan time.Time
 	// Stop prevents the timer from firing; it reports whether it was active.
 	Stop() bool

@@ -3,8 +3,10 @@ package safehttp
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -18,14 +20,31 @@ import (
 )
 
 // Client posts webhooks. It is safe for concurrent use and keeps one pool of
-// keep-alive connections; create one per process and share it.
+// keep-alive connections (one more per client certificate in use); create
+// one per process and share it.
 type Client struct {
 	cfg     Config
-	tr      *http.Transport
 	guard   *guard
-	uaOnly  http.Header // {"User-Agent": cfg.UserAgent}, read-only
-	scratch sync.Pool   // *[]byte for reading response bodies
+	tr      *http.Transport   // the pool without a client certificate
+	rt      http.RoundTripper // tr, wrapped by Config.WrapTransport
+	uaOnly  http.Header       // {"User-Agent": cfg.UserAgent}, read-only
+	scratch sync.Pool         // *[]byte for reading response bodies
+
+	certMu sync.Mutex
+	certs  map[[32]byte]certTransport // by the SHA-256 of the leaf certificate
 }
+
+// certTransport is the pool of connections that present one client
+// certificate: pooled connections are per host, so sharing one pool
+// between certificates would hand one endpoint's TLS identity to another.
+type certTransport struct {
+	tr *http.Transport
+	rt http.RoundTripper
+}
+
+// maxCertTransports bounds the pools kept for client certificates; past
+// it they are all closed (once idle) and rebuilt on use.
+const maxCertTransports = 256
 
 // Result is the outcome of one Post.
 type Result struct {
@@ -39,6 +58,9 @@ type Result struct {
 	Excerpt []byte
 	// Duration is the time Post took, redirects and body included.
 	Duration time.Duration
+	// Redirects is how many redirects were followed, or refused: 0 when
+	// Err is about the URL Post was given.
+	Redirects int
 	// Err is nil only when the final status is 2xx and its capped body was
 	// read in time; otherwise it matches one of the Err* sentinels.
 	// Messages name at most scheme://host[:port] of a URL, never its
@@ -60,8 +82,14 @@ type testHooks struct {
 
 func newClient(cfg Config, th testHooks) *Client {
 	cfg = cfg.WithDefaults()
+	roots := cfg.RootCAs
+	if th.rootCAs != nil {
+		roots = th.rootCAs
+	}
 	g := &guard{
 		lookup:       cfg.LookupIPAddr,
+		custom:       cfg.DialContext,
+		proxy:        cfg.Proxy,
 		connTimeout:  cfg.ConnectTimeout,
 		allowPrivate: cfg.AllowPrivate,
 		permitted:    cfg.permitted,
@@ -69,10 +97,15 @@ func newClient(cfg Config, th testHooks) *Client {
 		tls: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			NextProtos: []string{"h2", "http/1.1"},
-			RootCAs:    th.rootCAs,
+			RootCAs:    roots,
 		},
 	}
+	if u := cfg.Proxy; u != nil && u.User != nil {
+		pw, _ := u.User.Password()
+		g.proxyAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
+	}
 	g.dialer = net.Dialer{Timeout: cfg.ConnectTimeout, Control: g.control}
+	g.proxyDialer = net.Dialer{Timeout: cfg.ConnectTimeout}
 	if len(th.allow) > 0 {
 		g.allow = make(map[netip.AddrPort]bool, len(th.allow))
 		for _, ap := range th.allow {
@@ -80,35 +113,87 @@ func newClient(cfg Config, th testHooks) *Client {
 		}
 	}
 	c := &Client{
-		cfg:   cfg,
-		guard: g,
-		tr: &http.Transport{
-			Proxy:                  nil, // an environment proxy would dial for us, past the guard
-			DialContext:            g.dial,
-			DialTLSContext:         g.dialTLS,
-			ForceAttemptHTTP2:      true,
-			DisableCompression:     true, // never inflate a receiver's gzip bomb
-			MaxIdleConnsPerHost:    cfg.MaxIdleConnsPerHost,
-			IdleConnTimeout:        90 * time.Second,
-			MaxResponseHeaderBytes: 64 << 10,
-		},
+		cfg:    cfg,
+		guard:  g,
 		uaOnly: http.Header{"User-Agent": {cfg.UserAgent}},
 	}
+	c.tr, c.rt = c.transport(g)
 	size := max(c.cfg.excerptLimit(), 16<<10)
 	c.scratch.New = func() any { b := make([]byte, size); return &b }
 	return c
 }
 
+// transport returns a Transport that dials through g, and the
+// RoundTripper requests go through.
+func (c *Client) transport(g *guard) (*http.Transport, http.RoundTripper) {
+	tr := &http.Transport{
+		Proxy:                  nil, // an environment proxy would dial for us, past the guard; Config.Proxy goes through the guard
+		DialContext:            g.dial,
+		DialTLSContext:         g.dialTLS,
+		ForceAttemptHTTP2:      true,
+		DisableCompression:     true, // never inflate a receiver's gzip bomb
+		MaxIdleConnsPerHost:    c.cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:        90 * time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	var rt http.RoundTripper = tr
+	if c.cfg.WrapTransport != nil {
+		rt = c.cfg.WrapTransport(tr)
+	}
+	return tr, rt
+}
+
+// roundTripper returns the RoundTripper for requests presenting cert (nil:
+// none).
+func (c *Client) roundTripper(cert *tls.Certificate) http.RoundTripper {
+	if cert == nil || len(cert.Certificate) == 0 {
+		return c.rt
+	}
+	key := sha256.Sum256(cert.Certificate[0])
+	c.certMu.Lock()
+	defer c.certMu.Unlock()
+	if ct, ok := c.certs[key]; ok {
+		return ct.rt
+	}
+	if c.certs == nil || len(c.certs) >= maxCertTransports {
+		for _, ct := range c.certs {
+			ct.tr.CloseIdleConnections()
+		}
+		c.certs = make(map[[32]byte]certTransport)
+	}
+	g := *c.guard
+	g.tls = c.guard.tls.Clone()
+	g.tls.Certificates = []tls.Certificate{*cert}
+	var ct certTransport
+	ct.tr, ct.rt = c.transport(&g)
+	c.certs[key] = ct
+	return ct.rt
+}
+
 // CloseIdleConnections closes the keep-alive connections not in use, for
 // shutdown and tests.
-func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() {
+	c.tr.CloseIdleConnections()
+	c.certMu.Lock()
+	defer c.certMu.Unlock()
+	for _, ct := range c.certs {
+		ct.tr.CloseIdleConnections()
+	}
+}
 
 // Post sends body to url with header, following redirects, and reports the
 // outcome; it never returns a Go error. header is not modified; User-Agent is
 // added when it has none. Every redirect (301, 302, 303, 307, 308) is
 // followed by the same POST with the same body and headers, to any host that
 // passes the same rules.
-func (c *Client) Post(ctx context.Context, url string, header http.Header, body []byte) (res Result) {
+func (c *Client) Post(ctx context.Context, url string, header http.Header, body []byte) Result {
+	return c.PostCert(ctx, url, header, body, nil)
+}
+
+// PostCert is Post presenting cert, when not nil, as the TLS client
+// certificate (mTLS), on every hop. Connections presenting one certificate
+// are pooled apart from those presenting another or none.
+func (c *Client) PostCert(ctx context.Context, url string, header http.Header, body []byte, cert *tls.Certificate) (res Result) {
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start) }()
 
@@ -130,9 +215,11 @@ func (c *Client) Post(ctx context.Context, url string, header http.Header, body 
 	}
 	hdr := c.header(header)
 	req.Header = hdr
+	rt := c.roundTripper(cert)
 
 	for hop := 0; ; hop++ {
-		resp, err := c.tr.RoundTrip(req)
+		res.Redirects = hop
+		resp, err := rt.RoundTrip(req)
 		if err != nil {
 			res.Err = wrap(ctx, req.URL, err)
 			return res
@@ -164,6 +251,7 @@ func (c *Client) Post(ctx context.Context, url string, header http.Header, body 
 		}
 		if err != nil {
 			c.readBody(resp)
+			res.Redirects = hop + 1 // the refusal is the redirect target's
 			res.Err = fmt.Errorf("redirect from %s: %w", origin(req.URL), err)
 			return res
 		}

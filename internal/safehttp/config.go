@@ -2,8 +2,11 @@ package safehttp
 
 import (
 	"context"
+	"crypto/x509"
 	"net"
+	"net/http"
 	"net/netip"
+	"net/url"
 	"time"
 )
 
@@ -58,6 +61,27 @@ type Config struct {
 	// nil means net.DefaultResolver. Its signature is that of
 	// (*net.Resolver).LookupIPAddr. For tests.
 	LookupIPAddr func(ctx context.Context, host string) ([]net.IPAddr, error)
+
+	// Proxy, if set, is an HTTP CONNECT proxy (an http:// URL, with
+	// user:password for Proxy-Authorization: Basic) through which every
+	// connection goes, http and https targets alike, as a tunnel to
+	// host:port: the proxy resolves the name and connects. The guard
+	// still refuses IP-literal targets it forbids, and names that resolve
+	// here to a forbidden address; a name that does not resolve here is
+	// left to the proxy, which must enforce its own rules (smokescreen
+	// does). The connection to the proxy itself is not guarded.
+	Proxy *url.URL
+	// DialContext, if set, makes the TCP connections: to the proxy when
+	// Proxy is set (it may return a TLS connection to a TLS proxy),
+	// otherwise to the target, always as ip:port of an address the guard
+	// has checked. Nil means a net.Dialer with ConnectTimeout.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// WrapTransport, if set, wraps the RoundTripper that sends every
+	// request (each redirect hop separately), for instrumentation or a
+	// custom egress. The wrapper must send the request it is given.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
+	// RootCAs verify receivers' certificates; nil means the system's.
+	RootCAs *x509.CertPool
 }
 
 // WithDefaults returns c with every zero field set to its default.

@@ -44,7 +44,11 @@
 // net.Dialer whose Control hook judges the very IP being connected to, before
 // the connect system call, so a refused address never sees a packet.
 // Environment proxies are ignored (Transport.Proxy is nil), since a proxy
-// would do the connecting for us, past the hook.
+// would do the connecting for us, past the hook. Config.Proxy is the
+// exception the operator chooses: every connection becomes a CONNECT tunnel
+// through it, the guard first refusing IP literals it forbids and names that
+// resolve here to forbidden addresses; what only the proxy can resolve, the
+// proxy must judge.
 //
 // Hosts in legacy numeric IPv4 forms ("2130706433", "0x7f.1", "127.1") are
 // refused outright, as the WHATWG URL standard would read them as addresses
@@ -87,7 +91,8 @@
 // Post never returns a Go error: Result carries the status, Retry-After,
 // excerpt, duration and Err, which matches one of ErrInvalidURL,
 // ErrInsecureScheme, ErrForbiddenAddress, ErrTooManyRedirects, ErrTimeout,
-// ErrConnection, ErrTLS or ErrStatus (message "HTTP 503"). A URL appears in
+// ErrConnection, ErrTLS or ErrStatus (message "HTTP 503"); CheckURL also
+// returns ErrHostNotFound and ErrDNSUnavailable. A URL appears in
 // a message only as scheme://host[:port]: never userinfo, and never the path
 // or query, where receivers also keep secrets (chat-style webhook URLs carry
 // a token in the path). Header values never appear.

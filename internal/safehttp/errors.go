@@ -2,7 +2,9 @@ package safehttp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
@@ -30,9 +32,17 @@ var (
 	// expired before the response and its capped body were read.
 	ErrTimeout = errors.New("txhook: timeout")
 	// ErrConnection: no usable connection or response: refused, reset,
-	// DNS failure, malformed response, or the caller canceled ctx
-	// (context.Canceled is then in the chain).
+	// DNS failure when connecting, the egress proxy refusing the tunnel,
+	// malformed response, or the caller canceled ctx (context.Canceled is
+	// then in the chain).
 	ErrConnection = errors.New("txhook: connection failed")
+	// ErrHostNotFound (CheckURL only): the host name does not exist
+	// (NXDOMAIN) or has no address. Asking again will not help.
+	ErrHostNotFound = errors.New("txhook: host not found")
+	// ErrDNSUnavailable (CheckURL only): the name could not be resolved
+	// for a reason that may pass (timeout, SERVFAIL, no DNS server
+	// reachable, ctx ended): try again later.
+	ErrDNSUnavailable = errors.New("txhook: DNS unavailable, try again")
 	// ErrTLS: the TLS handshake failed (untrusted certificate, wrong name,
 	// protocol mismatch, alert from the peer).
 	ErrTLS = errors.New("txhook: TLS handshake failed")
@@ -41,22 +51,32 @@ var (
 	ErrStatus = errors.New("txhook: non-2xx status")
 )
 
-// forbiddenError names the refused address and the rule that refused it.
-type forbiddenError struct {
-	ip   netip.Addr
-	why  string
-	host string // the name that resolved to ip, when there was one
+// ForbiddenError names the refused address and the rule that refused it.
+// It matches ErrForbiddenAddress.
+type ForbiddenError struct {
+	IP   netip.Addr
+	Why  string // the rule: "loopback", "private", "cloud metadata", ...
+	Host string // the name that resolved to IP, when there was one
 }
 
-func (e *forbiddenError) Error() string {
-	s := "txhook: forbidden address " + e.ip.String() + " (" + e.why + ")"
-	if e.host != "" {
-		s = "txhook: host " + e.host + " resolves to forbidden address " + e.ip.String() + " (" + e.why + ")"
+func (e *ForbiddenError) Error() string {
+	s := "txhook: forbidden address " + e.IP.String() + " (" + e.Why + ")"
+	if e.Host != "" {
+		s = "txhook: host " + e.Host + " resolves to forbidden address " + e.IP.String() + " (" + e.Why + ")"
 	}
 	return s
 }
 
-func (e *forbiddenError) Is(target error) bool { return target == ErrForbiddenAddress }
+func (e *ForbiddenError) Is(target error) bool { return target == ErrForbiddenAddress }
+
+// Target is where a failed connection was headed: e.Host when it was a
+// name, else the address.
+func (e *ForbiddenError) Target() string {
+	if e.Host != "" {
+		return e.Host + " (" + e.IP.String() + ")"
+	}
+	return e.IP.String()
+}
 
 // statusError is the error of a non-2xx final response.
 type statusError struct{ code int }
@@ -94,6 +114,8 @@ func kindOf(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, ErrForbiddenAddress), errors.Is(err, ErrTLS), errors.Is(err, ErrTimeout):
 		return nil
+	case isTLS(err):
+		return ErrTLS
 	case isTimeout(err) || errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return ErrTimeout
 	default:
@@ -107,4 +129,24 @@ func isTimeout(err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// isTLS reports whether err is a TLS failure the Transport reported itself
+// (a handshake it made, or an alert later on).
+func isTLS(err error) bool {
+	var (
+		alert  tls.AlertError
+		verify *tls.CertificateVerificationError
+		header tls.RecordHeaderError
+	)
+	return errors.As(err, &alert) || errors.As(err, &verify) || errors.As(err, &header)
+}
+
+// dnsError classifies a failed lookup of host at registration.
+func dnsError(host string, err error) error {
+	var de *net.DNSError
+	if errors.As(err, &de) && de.IsNotFound {
+		return fmt.Errorf("%w: %s: %w", ErrHostNotFound, host, err)
+	}
+	return fmt.Errorf("%w: resolve %s: %w", ErrDNSUnavailable, host, err)
 }

@@ -1,12 +1,17 @@
 package safehttp
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
+	"net/url"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -124,10 +129,17 @@ func embedded(form string, v4 netip.Addr) string {
 // guard dials TCP connections and refuses, in the socket's Control hook,
 // every address that policy refuses. The hook sees the address actually being
 // connected to, after DNS, so a name that resolved to a public address at
-// registration and to 127.0.0.1 now is caught here.
+// registration and to 127.0.0.1 now is caught here. With a custom dialer the
+// guard resolves the name itself and checks each address before handing it
+// over; with a proxy it checks what it can resolve and asks the proxy for a
+// tunnel.
 type guard struct {
-	dialer       net.Dialer
+	dialer       net.Dialer // to targets; its Control hook checks each address
+	proxyDialer  net.Dialer // to the proxy: not guarded
 	lookup       func(ctx context.Context, host string) ([]net.IPAddr, error)
+	custom       func(ctx context.Context, network, addr string) (net.Conn, error) // Config.DialContext
+	proxy        *url.URL
+	proxyAuth    string // Proxy-Authorization value; "" for none
 	connTimeout  time.Duration
 	allowPrivate bool
 	permitted    func(netip.Addr) bool   // Config.permitted
@@ -136,51 +148,56 @@ type guard struct {
 	tlsTimeout   time.Duration
 }
 
+// check refuses ap unless the rules let it through.
+func (g *guard) check(ap netip.AddrPort) error {
+	if g.allow[ap] || g.allowPrivate || (g.permitted != nil && g.permitted(ap.Addr())) {
+		return nil
+	}
+	if why := forbiddenReason(ap.Addr()); why != "" {
+		return &ForbiddenError{IP: ap.Addr(), Why: why}
+	}
+	return nil
+}
+
 func (g *guard) control(network, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		// Fail closed: never connect to something we could not judge.
 		return fmt.Errorf("%w: unparseable dial address %q", ErrForbiddenAddress, address)
 	}
-	if g.allow[ap] || g.allowPrivate || (g.permitted != nil && g.permitted(ap.Addr())) {
-		return nil
-	}
-	if why := forbiddenReason(ap.Addr()); why != "" {
-		return &forbiddenError{ip: ap.Addr(), why: why}
-	}
-	return nil
+	return g.check(ap)
 }
 
-// dial is the Transport's DialContext. Without a lookup hook the net.Dialer
-// resolves the name itself (its Timeout covers resolution and connect); with
-// one, the hook's addresses are tried in order under one ConnectTimeout.
+// dial is the Transport's DialContext. Through a proxy, see dialProxy.
+// Without a lookup hook or custom dialer the net.Dialer resolves the name
+// itself (its Timeout covers resolution and connect); otherwise the name's
+// addresses are tried in order under one ConnectTimeout.
 func (g *guard) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	if g.lookup == nil {
+	if g.proxy != nil {
+		return g.dialProxy(ctx, network, addr)
+	}
+	if g.lookup == nil && g.custom == nil {
 		return g.dialer.DialContext(ctx, network, addr)
 	}
-	host, port, err := net.SplitHostPort(addr)
+	host, port, err := splitPort(addr)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := netip.ParseAddr(host); err == nil {
-		return g.dialer.DialContext(ctx, network, addr)
-	}
 	ctx, cancel := context.WithTimeout(ctx, g.connTimeout)
 	defer cancel()
-	ips, err := g.lookup(ctx, host)
+	ips, err := g.resolve(ctx, host)
 	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("lookup %s: %w", host, err)}
-	}
-	if len(ips) == 0 {
-		return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("lookup %s: no addresses", host)}
+		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
 	}
 	var first error
 	for _, ip := range ips {
-		a := ip.IP.String()
-		if ip.Zone != "" {
-			a += "%" + ip.Zone
+		ap := netip.AddrPortFrom(ip, port)
+		var c net.Conn
+		if g.custom == nil {
+			c, err = g.dialer.DialContext(ctx, network, ap.String())
+		} else if err = g.check(ap); err == nil {
+			c, err = g.custom(ctx, network, ap.String())
 		}
-		c, err := g.dialer.DialContext(ctx, network, net.JoinHostPort(a, port))
 		if err == nil {
 			return c, nil
 		}
@@ -192,6 +209,121 @@ func (g *guard) dial(ctx context.Context, network, addr string) (net.Conn, error
 		}
 	}
 	return nil, first
+}
+
+// resolve returns host's addresses: itself when it is an IP literal.
+func (g *guard) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{ip}, nil
+	}
+	lookup := g.lookup
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupIPAddr
+	}
+	ips, err := lookup(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("lookup %s: %w", host, err)
+	}
+	out := make([]netip.Addr, 0, len(ips))
+	for _, a := range ips {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap().WithZone(a.Zone))
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("lookup %s: no addresses", host)
+	}
+	return out, nil
+}
+
+// dialProxy opens a CONNECT tunnel to addr through the proxy. The proxy
+// resolves names; the guard first refuses an IP literal it forbids, and a
+// name that resolves here (within half of ConnectTimeout) to an address it
+// forbids. A name that does not resolve here is left to the proxy.
+func (g *guard) dialProxy(ctx context.Context, network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.connTimeout)
+	defer cancel()
+	host, port, err := splitPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	lctx, lcancel := context.WithTimeout(ctx, g.connTimeout/2)
+	ips, lerr := g.resolve(lctx, host)
+	lcancel()
+	if lerr == nil {
+		for _, ip := range ips {
+			if err := g.check(netip.AddrPortFrom(ip, port)); err != nil {
+				if fe, ok := err.(*ForbiddenError); ok && fe.IP.String() != host {
+					fe.Host = host
+				}
+				return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+			}
+		}
+	}
+
+	proxyAddr := g.proxy.Host
+	if g.proxy.Port() == "" {
+		proxyAddr = net.JoinHostPort(g.proxy.Hostname(), "80")
+	}
+	var conn net.Conn
+	if g.custom != nil {
+		conn, err = g.custom(ctx, network, proxyAddr)
+	} else {
+		conn, err = g.proxyDialer.DialContext(ctx, network, proxyAddr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("egress proxy %s: %w", proxyAddr, err)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	req := "CONNECT " + addr + " HTTP/1.1\r\nHost: " + addr + "\r\n"
+	if g.proxyAuth != "" {
+		req += "Proxy-Authorization: " + g.proxyAuth + "\r\n"
+	}
+	br := bufio.NewReader(conn)
+	var resp *http.Response
+	if _, err = io.WriteString(conn, req+"\r\n"); err == nil {
+		resp, err = http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	}
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return nil, fmt.Errorf("egress proxy %s: CONNECT %s: %w", proxyAddr, addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		conn.Close()
+		return nil, fmt.Errorf("egress proxy %s refused CONNECT %s: %.64s", proxyAddr, addr, resp.Status)
+	}
+	if !stop() { // the deadline was set: ctx ended just now
+		conn.Close()
+		return nil, fmt.Errorf("egress proxy %s: CONNECT %s: %w", proxyAddr, addr, ctx.Err())
+	}
+	if br.Buffered() > 0 {
+		return &bufferedConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}
+
+// bufferedConn reads what the CONNECT response's reader buffered first.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func splitPort(addr string) (string, uint16, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("bad port in %q", addr)
+	}
+	return host, uint16(port), nil
 }
 
 // dialTLS is the Transport's DialTLSContext. Doing the handshake here, rather

@@ -16,7 +16,9 @@ import (
 // and its host must not be a legacy numeric IPv4 form such as "2130706433",
 // "0x7f.1" or "127.1" (resolvers read those as addresses, other parsers as
 // names). Unless AllowPrivate, an IP-literal host must not be Forbidden and a
-// name is resolved (respecting ctx) and refused if any of its addresses is.
+// name is resolved (respecting ctx) and refused if any of its addresses is;
+// a name that does not exist gives ErrHostNotFound, a lookup that failed
+// for a passing reason ErrDNSUnavailable.
 //
 // Passing registration is not enough to be safe: DNS can change afterwards.
 // Post checks the address of every connection again.
@@ -38,7 +40,7 @@ func CheckURL(ctx context.Context, raw string, cfg Config) error {
 	host := u.Hostname()
 	if ip, err := netip.ParseAddr(host); err == nil {
 		if why := forbiddenReason(ip); why != "" && !cfg.permitted(ip) {
-			return &forbiddenError{ip: ip, why: why}
+			return &ForbiddenError{IP: ip, Why: why}
 		}
 		return nil
 	}
@@ -48,10 +50,10 @@ func CheckURL(ctx context.Context, raw string, cfg Config) error {
 	}
 	ips, err := lookup(ctx, host)
 	if err != nil {
-		return fmt.Errorf("%w: resolve %s: %w", ErrConnection, host, err)
+		return dnsError(host, err)
 	}
 	if len(ips) == 0 {
-		return fmt.Errorf("%w: resolve %s: no addresses", ErrConnection, host)
+		return fmt.Errorf("%w: %s has no address", ErrHostNotFound, host)
 	}
 	for _, a := range ips {
 		ip, ok := netip.AddrFromSlice(a.IP)
@@ -59,7 +61,7 @@ func CheckURL(ctx context.Context, raw string, cfg Config) error {
 			return fmt.Errorf("%w: resolve %s: bad address %v", ErrConnection, host, a.IP)
 		}
 		if why := forbiddenReason(ip); why != "" && !cfg.permitted(ip) {
-			return &forbiddenError{ip: ip.Unmap(), why: why, host: host}
+			return &ForbiddenError{IP: ip.Unmap(), Why: why, Host: host}
 		}
 	}
 	return nil

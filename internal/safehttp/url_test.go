@@ -79,11 +79,11 @@ func TestCheckURL(t *testing.T) {
 		{"trailing dot", "https://127.0.0.1./", strict, ErrInvalidURL},
 		{"legacy even with AllowPrivate", "https://2130706433/", private, ErrInvalidURL},
 		{"metadata name (hook)", "https://metadata.google.internal/", strict, ErrForbiddenAddress},
-		{"metadata name (unresolvable)", "https://metadata.google.internal/", Config{LookupIPAddr: hostsLookup(nil)}, ErrConnection},
+		{"metadata name (unresolvable)", "https://metadata.google.internal/", Config{LookupIPAddr: hostsLookup(nil)}, ErrHostNotFound},
 		{"name to loopback", "https://loopback.example/in", strict, ErrForbiddenAddress},
 		{"name to mapped loopback", "https://mapped.example/in", strict, ErrForbiddenAddress},
 		{"one bad address of two", "https://mixed.example/in", strict, ErrForbiddenAddress},
-		{"unknown name", "https://nx.example/in", strict, ErrConnection},
+		{"unknown name", "https://nx.example/in", strict, ErrHostNotFound},
 		{"name to public", "https://public.example/in?x=1", strict, nil},
 		{"name to two public", "https://dual.example:8443/in", strict, nil},
 		{"public v4 literal", "https://8.8.8.8/in", Config{}, nil},
@@ -134,8 +134,8 @@ func TestCheckURLRespectsContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	err := CheckURL(ctx, "https://slow.example/", cfg)
-	if !errors.Is(err, ErrConnection) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v, want ErrConnection wrapping context.DeadlineExceeded", err)
+	if !errors.Is(err, ErrDNSUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want ErrDNSUnavailable wrapping context.DeadlineExceeded", err)
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("lookup called %d times", calls.Load())

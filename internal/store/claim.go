@@ -31,13 +31,16 @@ type Claimed struct {
 	RateBurst     int
 	MaxInFlight   int
 	Versions      []byte // JSON object: pinned schema version by type
+	Headers       []byte // JSON object: custom request headers
+	ClientCert    string // PEM chain; "" for none
+	ClientKey     string // PEM private key of ClientCert
 }
 
 // The columns every claim returns, in scanClaimed's order, after the
 // delivery's id, attempt and previous state.
 const (
 	claimEventCols    = `e.tenant, e.type, e.version, e.payload, e.created_at`
-	claimEndpointCols = `ep.url, ep.secrets, ep.enabled, ep.rate_limit, ep.rate_burst, ep.max_in_flight, ep.versions`
+	claimEndpointCols = `ep.url, ep.secrets, ep.enabled, ep.rate_limit, ep.rate_burst, ep.max_in_flight, ep.versions, ep.headers, ep.client_cert, ep.client_key`
 )
 
 // Leases are timed by the database's clock, not the relay's: a claimed row
@@ -526,7 +529,8 @@ func (s *Store) queryClaimed(ctx context.Context, query string, limit int, args 
 // endpointDest returns scan destinations for claimEndpointCols that fill c.
 func endpointDest(c *Claimed) []any {
 	return []any{(*nullString)(&c.URL), (*nullBytes)(&c.Secrets), (*nullBool)(&c.Enabled),
-		(*nullFloat)(&c.RateLimit), (*nullInt)(&c.RateBurst), (*nullInt)(&c.MaxInFlight), (*nullBytes)(&c.Versions)}
+		(*nullFloat)(&c.RateLimit), (*nullInt)(&c.RateBurst), (*nullInt)(&c.MaxInFlight), (*nullBytes)(&c.Versions),
+		(*nullBytes)(&c.Headers), (*nullString)(&c.ClientCert), (*nullString)(&c.ClientKey)}
 }
 
 // Scanners that take NULL as the zero value: a claimed delivery's endpoint

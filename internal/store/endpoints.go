@@ -21,6 +21,9 @@ type EndpointRow struct {
 	RateBurst      int
 	MaxInFlight    int
 	Versions       []byte // JSON object
+	Headers        []byte // JSON object: custom request headers
+	ClientCert     string // PEM chain; "" for none
+	ClientKey      string // PEM private key of ClientCert
 	FailingSince   time.Time
 	LastSuccessAt  time.Time
 	LastFailureAt  time.Time
@@ -28,23 +31,25 @@ type EndpointRow struct {
 	UpdatedAt      time.Time
 }
 
-const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, rate_limit, rate_burst, max_in_flight, versions, failing_since, last_success_at, last_failure_at, created_at, updated_at`
+const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, rate_limit, rate_burst, max_in_flight, versions, headers, client_cert, client_key, failing_since, last_success_at, last_failure_at, created_at, updated_at`
 
 // InsertEndpoint writes a new endpoint.
 func (s *Store) InsertEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
 	_, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO txhook_endpoints (`+endpointColumns+`)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, ?, ?)`),
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, ?, ?)`),
 		e.ID, e.Tenant, e.URL, e.Description, string(e.EventTypes), string(e.Secrets), e.Enabled,
-		e.DisabledReason, e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions), s.T(e.CreatedAt), s.T(e.UpdatedAt))
+		e.DisabledReason, e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions),
+		versionsJSON(e.Headers), e.ClientCert, e.ClientKey, s.T(e.CreatedAt), s.T(e.UpdatedAt))
 	return err
 }
 
 // UpdateEndpoint overwrites the mutable columns of an endpoint.
 func (s *Store) UpdateEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
 	res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints
-SET url = ?, description = ?, event_types = ?, rate_limit = ?, rate_burst = ?, max_in_flight = ?, versions = ?, updated_at = ?
+SET url = ?, description = ?, event_types = ?, rate_limit = ?, rate_burst = ?, max_in_flight = ?, versions = ?,
+    headers = ?, client_cert = ?, client_key = ?, updated_at = ?
 WHERE id = ?`), e.URL, e.Description, string(e.EventTypes), e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions),
-		s.T(e.UpdatedAt), e.ID)
+		versionsJSON(e.Headers), e.ClientCert, e.ClientKey, s.T(e.UpdatedAt), e.ID)
 	return oneRow(res, err)
 }
 
@@ -124,12 +129,13 @@ func scanEndpoints(rows *sql.Rows) ([]EndpointRow, error) {
 	for rows.Next() {
 		var e EndpointRow
 		var c, u, f, ok, failed Time
-		var types, secrets, versions string
+		var types, secrets, versions, headers string
 		if err := rows.Scan(&e.ID, &e.Tenant, &e.URL, &e.Description, &types, &secrets, &e.Enabled,
-			&e.DisabledReason, &e.RateLimit, &e.RateBurst, &e.MaxInFlight, &versions, &f, &ok, &failed, &c, &u); err != nil {
+			&e.DisabledReason, &e.RateLimit, &e.RateBurst, &e.MaxInFlight, &versions, &headers, &e.ClientCert, &e.ClientKey,
+			&f, &ok, &failed, &c, &u); err != nil {
 			return nil, err
 		}
-		e.EventTypes, e.Secrets, e.Versions = []byte(types), []byte(secrets), []byte(versions)
+		e.EventTypes, e.Secrets, e.Versions, e.Headers = []byte(types), []byte(secrets), []byte(versions), []byte(headers)
 		e.FailingSince, e.LastSuccessAt, e.LastFailureAt, e.CreatedAt, e.UpdatedAt = f.Time, ok.Time, failed.Time, c.Time, u.Time
 		out = append(out, e)
 	}
@@ -180,6 +186,7 @@ func (s *Store) ModifySecrets(ctx context.Context, id string, now time.Time, fn 
 	})
 }
 
+// versionsJSON is a JSON object column's value: "{}" for none.
 func versionsJSON(b []byte) string {
 	if len(b) == 0 {
 		return "{}"
