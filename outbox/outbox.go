@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/link"
 	"github.com/txhook/txhook/internal/safehttp"
@@ -76,6 +78,14 @@ type Config struct {
 	// versions it lists, and relays convert payloads with its converters.
 	Catalog *Catalog
 
+	// TracerProvider, if set, turns on OpenTelemetry tracing: a span for
+	// each Enqueue, whose trace context is stored with the event, and a
+	// span for each delivery attempt, a child of it, whose traceparent the
+	// request carries to the receiver (see Tracing in the package
+	// documentation). Relays made by this Outbox trace with it too. Nil:
+	// off, at no cost.
+	TracerProvider trace.TracerProvider
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -93,6 +103,7 @@ type Outbox struct {
 	clock  Clock
 	log    *slog.Logger
 	target safehttp.Config
+	tracer trace.Tracer // nil: tracing off
 
 	lastNotify atomic.Int64 // unix nanoseconds of the last queued NOTIFY
 }
@@ -140,6 +151,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	if o.log == nil {
 		o.log = slog.Default()
 	}
+	o.tracer = newTracer(cfg.TracerProvider)
 	o.prepare(ctx)
 	return o, nil
 }
@@ -147,7 +159,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 // prepare readies the hot statements; before Migrate has run they cannot
 // be prepared, and Migrate calls it again.
 func (o *Outbox) prepare(ctx context.Context) {
-	_ = o.st.Prepare(ctx, o.st.EnqueueQueries()...)
+	_ = o.st.Prepare(ctx, o.st.EnqueueQueries(o.tracer != nil)...)
 }
 
 // DB returns the database the Outbox was made with.

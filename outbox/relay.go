@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txhook/txhook/internal/safehttp"
 	"github.com/txhook/txhook/internal/sched"
 	"github.com/txhook/txhook/internal/store"
@@ -96,6 +98,7 @@ type job struct {
 	// startBy is the last local time at which sending may begin with the
 	// whole request still inside the lease.
 	startBy time.Time
+	span    trace.Span // the attempt's, while it runs with tracing on
 }
 
 // ErrRelayStarted is returned by Start on a relay that was started before.
