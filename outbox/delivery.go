@@ -15,6 +15,7 @@ const (
 	StateSucceeded = store.StateSucceeded // a 2xx was received
 	StateDead      = store.StateDead      // attempts exhausted; in the dead-letter table
 	StatePaused    = store.StatePaused    // its endpoint is disabled
+	StateBlocked   = store.StateBlocked   // an earlier event of its ordering key goes first
 )
 
 // Delivery is one event on its way to one endpoint. A replay creates a new

@@ -81,13 +81,23 @@ type RelayStats struct {
 	// delivery over, or the write kept failing until the lease ended (or
 	// the relay stopped), so the next holder records the attempt as lapsed.
 	LeaseLost uint64
+
+	// InFlight is how many requests the relay has under way now, and
+	// Waiting how many claimed deliveries wait in its memory to start (each
+	// at most a second before it goes back to the database).
+	InFlight, Waiting int
 }
 
-// Stats returns the relay's counters.
+// Stats returns the relay's counters and what it holds now. It is cheap
+// enough to call at every metrics collection.
 func (r *Relay) Stats() RelayStats {
+	r.mu.Lock()
+	inFlight, waiting := r.sch.InFlight(), r.sch.Waiting()
+	r.mu.Unlock()
 	return RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
 		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), LeaseLost: r.stats.lost.Load(),
+		InFlight: inFlight, Waiting: waiting,
 	}
 }
 

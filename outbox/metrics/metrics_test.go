@@ -185,6 +185,18 @@ VALUES ('evt_x', ?, ?, 0, ?, ?, ?)`
 		if dead["endpoint="+bad.ID] != 3 || dead["endpoint="+good.ID] != 0 || len(dead) != 2 {
 			t.Errorf("dead letters: %v", dead)
 		}
+		// With the relay stopped, new events wait undispatched.
+		if u := gather(t, reg, "txhook_undispatched_events"); u[""] != 0 {
+			t.Errorf("undispatched before: %v", u)
+		}
+		for i := range 2 {
+			if _, err := ob.Enqueue(ctx, db.DB, outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: fmt.Appendf(nil, `{"late":%d}`, i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if u := gather(t, reg, "txhook_undispatched_events"); u[""] != 2 || len(u) != 1 {
+			t.Errorf("undispatched: %v", u)
+		}
 		if err := prometheus.NewPedanticRegistry().Register(metrics.New(ob, metrics.Options{})); err != nil {
 			t.Errorf("pedantic registry: %v", err)
 		}
