@@ -212,7 +212,7 @@ func TestMetricsMatchTheDatabase(t *testing.T) {
 			enqueue(t, ctx, ob, outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
 		}
 		want := map[string]int64{
-			"txhook.attempt.outcome=succeeded,txhook.endpoint.id=" + good.ID:     3,
+			"txhook.attempt.outcome=succeeded,txhook.endpoint.id=" + good.ID:    3,
 			"txhook.attempt.outcome=dead_lettered,txhook.endpoint.id=" + bad.ID: 3,
 		}
 		eventually(t, "every attempt counted", func() bool { return fmt.Sprint(rd.collect()["txhook.attempts"]) == fmt.Sprint(want) })
