@@ -3,8 +3,6 @@ package otelmetrics_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -18,31 +16,11 @@ import (
 
 	"github.com/txhook/txhook/dlq"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testob"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/otelmetrics"
 	"github.com/txhook/txhook/retry"
 )
-
-const waitFor = 60 * time.Second
-
-func newOutbox(t *testing.T, db *testdb.DB) (*outbox.Outbox, context.Context) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if db.Backend.Driver == "postgres" {
-		cfg.ListenDSN = db.DSN
-	}
-	ob, err := outbox.New(ctx, db.DB, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ob.Close() })
-	return ob, ctx
-}
 
 // reader is a ManualReader and what it collects, by instrument name and
 // attribute set ("k=v,k=v", sorted): sums' and gauges' values,
@@ -103,26 +81,6 @@ func newMetrics(t *testing.T, ob *outbox.Outbox) (*otelmetrics.Metrics, reader) 
 	}
 	t.Cleanup(func() { m.Close() })
 	return m, reader{t, rd}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func receiver(t *testing.T, status int) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.WriteHeader(status)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
 }
 
 func startRelay(t *testing.T, ctx context.Context, ob *outbox.Outbox, cfg outbox.RelayConfig) *outbox.Relay {
@@ -195,13 +153,13 @@ func enqueue(t *testing.T, ctx context.Context, ob *outbox.Outbox, ev outbox.Eve
 // real path produces.
 func TestMetricsMatchTheDatabase(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		ob, ctx := newOutbox(t, db)
+		ob, ctx := testob.NewOutbox(t, db)
 		m, rd := newMetrics(t, ob)
-		good, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: receiver(t, 200)})
+		good, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: testob.Receiver(t, 200)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		bad, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: receiver(t, 500)})
+		bad, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: testob.Receiver(t, 500)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +173,7 @@ func TestMetricsMatchTheDatabase(t *testing.T) {
 			"txhook.attempt.outcome=succeeded,txhook.endpoint.id=" + good.ID:    3,
 			"txhook.attempt.outcome=dead_lettered,txhook.endpoint.id=" + bad.ID: 3,
 		}
-		eventually(t, "every attempt counted", func() bool { return fmt.Sprint(rd.collect()["txhook.attempts"]) == fmt.Sprint(want) })
+		testob.Eventually(t, "every attempt counted", func() bool { return fmt.Sprint(rd.collect()["txhook.attempts"]) == fmt.Sprint(want) })
 		stopRelay(t, ctx, r)
 
 		// Retries an hour apart: two keyed events leave the bad endpoint
@@ -225,7 +183,7 @@ func TestMetricsMatchTheDatabase(t *testing.T) {
 		for i := range 2 {
 			enqueue(t, ctx, ob, outbox.Event{Tenant: "m", Type: "payment.refunded", OrderingKey: "pay_1", Payload: fmt.Appendf(nil, `{"k":%d}`, i)})
 		}
-		eventually(t, "the keyed events' attempts", func() bool {
+		testob.Eventually(t, "the keyed events' attempts", func() bool {
 			a := rd.collect()["txhook.attempts"]
 			return a["txhook.attempt.outcome=retry,txhook.endpoint.id="+bad.ID] == 1 &&
 				a["txhook.attempt.outcome=succeeded,txhook.endpoint.id="+good.ID] == 5
@@ -284,7 +242,7 @@ func TestMetricsMatchTheDatabase(t *testing.T) {
 
 // A relay's requests in flight are reported while they are.
 func TestMetricsRelayInFlight(t *testing.T) {
-	ob, ctx := newOutbox(t, testdb.SQLite(t))
+	ob, ctx := testob.NewOutbox(t, testdb.SQLite(t))
 	m, rd := newMetrics(t, ob)
 	arrived, release := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -301,7 +259,7 @@ func TestMetricsRelayInFlight(t *testing.T) {
 	enqueue(t, ctx, ob, outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{}`)})
 	select {
 	case <-arrived:
-	case <-time.After(waitFor):
+	case <-time.After(testob.WaitFor):
 		t.Fatal("no request")
 	}
 	id := "txhook.relay.id=" + r.ID()
@@ -309,5 +267,5 @@ func TestMetricsRelayInFlight(t *testing.T) {
 		t.Errorf("in flight during the request: %d", n)
 	}
 	close(release)
-	eventually(t, "the request to finish", func() bool { return rd.collect()["txhook.relay.in_flight"][id] == 0 })
+	testob.Eventually(t, "the request to finish", func() bool { return rd.collect()["txhook.relay.in_flight"][id] == 0 })
 }
