@@ -51,6 +51,7 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		return out, 0
 	}
 
+	r.startAttempt(j)
 	body, version, err := r.body(c)
 	if err != nil {
 		r.log.Error("txhook: cannot build the delivery in the endpoint's pinned version; register the converter", "endpoint", c.EndpointID, "error", err)
@@ -82,6 +83,7 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 	h[HeaderEventID] = []string{c.EventID}
 	h[HeaderEventType] = []string{c.Type}
 	h[HeaderEventVersion] = []string{strconv.Itoa(version)}
+	r.traceHeaders(j, h)
 	if err == nil {
 		err = r.cfg.Signer.Sign(h, c.EventID, now, body, secrets)
 	}

@@ -119,6 +119,7 @@ func (r *Relay) worker() {
 		r.giveBack(back)
 		if j != nil {
 			out, took := r.process(j)
+			r.endAttempt(j, &out)
 			// The endpoint's state first: once the outcome is written, what
 			// it caused (a replay of a dead letter, say) must meet the
 			// circuit this attempt left behind.

@@ -90,11 +90,42 @@
 //	})
 //	err = tx.Commit()
 //
+// # Tracing
+//
+// With Config.TracerProvider set (OpenTelemetry), Enqueue runs in a span
+// named txhook.enqueue (kind producer), a child of the span in its
+// context, and stores that span's W3C trace context (traceparent and
+// tracestate) with the event. Every attempt a relay makes at a receiver is
+// a span named txhook.attempt (kind client), a child of the Enqueue span
+// whichever process makes it and however much later, so the payment's
+// trace shows each attempt, retries and replays included; the request
+// carries the attempt span's traceparent and tracestate headers, so the
+// merchant's receiver continues the same trace. A child rather than a
+// link: a link would start a new trace per attempt, and the receiver would
+// not see the payment's trace ID. Attributes: txhook.tenant,
+// txhook.event.id and txhook.event.type on both; txhook.event.duplicate on
+// the Enqueue span; txhook.endpoint.id, txhook.delivery.id,
+// txhook.attempt (1 for the first), http.response.status_code (when there
+// was a response) and txhook.attempt.outcome (succeeded, retry,
+// dead_lettered) on the attempt span, whose status is Error unless the
+// attempt succeeded. The endpoint URL is not recorded (it may hold a
+// token). A relay traces with its own Outbox's TracerProvider: one whose
+// Outbox has none sends no trace headers, whatever the event stored; an
+// event enqueued without tracing gets root attempt spans. Without a
+// TracerProvider nothing is stored or sent, Enqueue
+// runs the statement it ran before tracing existed, and the relay's
+// attempt path allocates nothing more.
+//
+// For metrics, Outbox.Backlog, Outbox.DeadLetterCounts and Relay.Stats
+// are the public reads that packages outbox/metrics (Prometheus) and
+// outbox/otelmetrics (OpenTelemetry) report; any host can call them.
+//
 // # What receivers get
 //
 // A POST with Content-Type application/json, a User-Agent naming txhook,
 // the headers Webhook-Id (the event ID) and Webhook-Event-Type, the
-// signer's headers, and the body
+// signer's headers (and traceparent, tracestate with tracing on), and the
+// body
 //
 //	{"id":"01J…","type":"payment.succeeded","timestamp":"2026-11-30T12:00:00.000000Z","data":{…}}
 //

@@ -135,6 +135,13 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 // PostgreSQL's default; under REPEATABLE READ or SERIALIZABLE the second
 // fails with a serialization error instead, as any write would.
 func (o *Outbox) EnqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+	if o.tracer != nil {
+		return o.enqueueTraced(ctx, tx, ev)
+	}
+	return o.enqueueDetail(ctx, tx, ev)
+}
+
+func (o *Outbox) enqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
 	if err := o.validate(&ev); err != nil {
 		return Enqueued{}, err
 	}
@@ -153,6 +160,7 @@ func (o *Outbox) EnqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, 
 		OrderingKey:    ev.OrderingKey,
 		CreatedAt:      now,
 	}
+	o.traceInto(ctx, &row)
 	notify := false
 	var last, at int64
 	if o.st.Dialect == store.Postgres && o.cfg.NotifyInterval > 0 {

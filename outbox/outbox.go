@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/link"
 	"github.com/txhook/txhook/internal/safehttp"
@@ -121,6 +123,14 @@ type Config struct {
 	// stores them in plaintext, with a warning logged by New.
 	SecretCipher Cipher
 
+	// TracerProvider, if set, turns on OpenTelemetry tracing: a span for
+	// each Enqueue, whose trace context is stored with the event, and a
+	// span for each delivery attempt, a child of it, whose traceparent the
+	// request carries to the receiver (see Tracing in the package
+	// documentation). Relays made by this Outbox trace with it too. Nil:
+	// off, at no cost.
+	TracerProvider trace.TracerProvider
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -138,6 +148,7 @@ type Outbox struct {
 	clock  Clock
 	log    *slog.Logger
 	target safehttp.Config
+	tracer trace.Tracer // nil: tracing off
 
 	lastNotify atomic.Int64 // unix nanoseconds of the last queued NOTIFY
 }
@@ -200,6 +211,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 		o.log = slog.Default()
 	}
 	o.warnUnencrypted()
+	o.tracer = newTracer(cfg.TracerProvider)
 	o.prepare(ctx)
 	return o, nil
 }
@@ -207,7 +219,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 // prepare readies the hot statements; before Migrate has run they cannot
 // be prepared, and Migrate calls it again.
 func (o *Outbox) prepare(ctx context.Context) {
-	_ = o.st.Prepare(ctx, o.st.EnqueueQueries()...)
+	_ = o.st.Prepare(ctx, o.st.EnqueueQueries(o.tracer != nil)...)
 }
 
 // DB returns the database the Outbox was made with.

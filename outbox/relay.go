@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txhook/txhook/internal/safehttp"
 	"github.com/txhook/txhook/internal/sched"
 	"github.com/txhook/txhook/internal/store"
@@ -85,14 +87,23 @@ type RelayStats struct {
 	// delivery over, or the write kept failing until the lease ended (or
 	// the relay stopped), so the next holder records the attempt as lapsed.
 	LeaseLost uint64
+
+	// InFlight is how many requests the relay has under way now, and
+	// Waiting how many claimed deliveries wait in its memory to start (each
+	// at most a second before it goes back to the database).
+	InFlight, Waiting int
 }
 
-// Stats returns the relay's counters.
+// Stats returns the relay's counters and what it holds now. It is cheap
+// enough to call at every metrics collection.
 func (r *Relay) Stats() RelayStats {
+	r.mu.Lock()
+	inFlight, waiting := r.sch.InFlight(), r.sch.Waiting()
+	r.mu.Unlock()
 	return RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
 		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), Refused: r.stats.refused.Load(),
-		LeaseLost: r.stats.lost.Load(),
+		LeaseLost: r.stats.lost.Load(), InFlight: inFlight, Waiting: waiting,
 	}
 }
 
@@ -103,6 +114,7 @@ type job struct {
 	// startBy is the last local time at which sending may begin with the
 	// whole request still inside the lease.
 	startBy time.Time
+	span    trace.Span // the attempt's, while it runs with tracing on
 }
 
 // ErrRelayStarted is returned by Start on a relay that is running.

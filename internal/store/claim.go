@@ -22,6 +22,10 @@ type Claimed struct {
 	EventTime   time.Time
 	EndpointID  string
 	OrderingKey string
+	// TraceParent and TraceState are the W3C trace context Enqueue stored
+	// with the event when tracing was on; "" otherwise.
+	TraceParent string
+	TraceState  string
 	// Endpoint columns; EndpointFound is false when the endpoint row is gone.
 	EndpointFound bool
 	URL           string
@@ -39,7 +43,7 @@ type Claimed struct {
 // The columns every claim returns, in scanClaimed's order, after the
 // delivery's id, attempt and previous state.
 const (
-	claimEventCols    = `e.tenant, e.type, e.version, e.payload, e.created_at`
+	claimEventCols    = `e.tenant, e.type, e.version, e.payload, e.created_at, e.trace_parent, e.trace_state`
 	claimEndpointCols = `ep.url, ep.secrets, ep.enabled, ep.rate_limit, ep.rate_burst, ep.max_in_flight, ep.versions, ep.headers, ep.client_cert, ep.client_key`
 )
 
@@ -134,7 +138,7 @@ var pgDispatch = `WITH ev AS (
 ), e AS (
     UPDATE txhook_events e SET dispatched_at = $1
     FROM ev WHERE e.id = ev.id
-    RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at
+    RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at, e.trace_parent, e.trace_state
 ), ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
     SELECT e.id, ep.id, 'running', 1, ` + pgLeaseUntil + `, $3, $1, $1
@@ -148,7 +152,7 @@ FROM ins
 JOIN e ON e.id = ins.event_id
 JOIN txhook_endpoints ep ON ep.id = ins.endpoint_id`
 
-const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at FROM txhook_events
+const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state FROM txhook_events
 WHERE dispatched_at IS NULL AND ordering_key IS NULL
 ORDER BY created_at
 LIMIT ?`
@@ -230,14 +234,18 @@ type pendingEvent struct {
 	version              int
 	payload              []byte
 	created              time.Time
+	traceParent          nullString
+	traceState           nullString
 }
 
 func (e pendingEvent) fill(c *Claimed) {
 	c.EventID, c.Tenant, c.Type, c.Version, c.Payload, c.EventTime, c.OrderingKey = e.id, e.tenant, e.typ, e.version, e.payload, e.created, e.key
+	c.TraceParent, c.TraceState = string(e.traceParent), string(e.traceState)
 }
 
 // undispatched reads events with query (columns id, tenant, type, version,
-// payload, created_at, and optionally ordering_key), in order.
+// payload, created_at, trace_parent, trace_state, and optionally
+// ordering_key), in order.
 func (s *Store) undispatched(ctx context.Context, q Querier, query string, args ...any) (map[string]pendingEvent, []string, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -250,8 +258,8 @@ func (s *Store) undispatched(ctx context.Context, q Querier, query string, args 
 	for rows.Next() {
 		var e pendingEvent
 		var t Time
-		dest := []any{&e.id, &e.tenant, &e.typ, &e.version, &e.payload, &t}
-		if len(cols) > 6 {
+		dest := []any{&e.id, &e.tenant, &e.typ, &e.version, &e.payload, &t, &e.traceParent, &e.traceState}
+		if len(cols) > 8 {
 			dest = append(dest, &e.key)
 		}
 		if err := rows.Scan(dest...); err != nil {
@@ -271,7 +279,7 @@ func (s *Store) undispatched(ctx context.Context, q Querier, query string, args 
 // unfinished, and the completion of that one unblocks it. On PostgreSQL an
 // advisory lock per tenant and key serialises these steps across relays.
 
-const keyedSelect = `SELECT id, tenant, type, version, payload, created_at, ordering_key FROM txhook_events
+const keyedSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state, ordering_key FROM txhook_events
 WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL
 ORDER BY created_at, id
 LIMIT ?`
@@ -587,7 +595,7 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		var et Time
 		var key sql.NullString
 		dest := append([]any{&c.ID, &c.Attempt, &prev, &c.EventID, &c.Tenant, &c.Type, &c.Version, &c.Payload, &et,
-			&c.EndpointID, &key}, endpointDest(&c)...)
+			(*nullString)(&c.TraceParent), (*nullString)(&c.TraceState), &c.EndpointID, &key}, endpointDest(&c)...)
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}

@@ -16,6 +16,11 @@ type NewEvent struct {
 	Version        int
 	OrderingKey    string // "" for none
 	CreatedAt      time.Time
+	// TraceParent and TraceState are the W3C trace context to store with
+	// the event; "" for none. Only an event with a TraceParent takes the
+	// traced statements: without one, the insert is the untraced one.
+	TraceParent string
+	TraceState  string
 }
 
 // WakeChannel is the PostgreSQL NOTIFY channel the relay listens on.
@@ -45,6 +50,25 @@ const sqliteEnqueue = `INSERT INTO txhook_events (id, tenant, type, payload, ide
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING`
 
+// The traced statements are the ones above with the trace context columns
+// (migration 004). Enqueue uses them only for an event that has a trace
+// context, so an outbox without tracing runs exactly the statements above.
+const (
+	pgEnqueueTraced = `INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at, version, ordering_key, trace_parent, trace_state)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT DO NOTHING`
+	pgEnqueueNotifyTraced = `WITH ev AS (
+    INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at, version, ordering_key, trace_parent, trace_state)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT pg_notify('` + WakeChannel + `', '') FROM ev`
+	sqliteEnqueueTraced = `INSERT INTO txhook_events (id, tenant, type, payload, idempotency_key, created_at, version, ordering_key, trace_parent, trace_state)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING`
+)
+
 // conflictingEvents reads the events an insert that wrote nothing ran
 // into: the one with the ID, and the one with the tenant's idempotency key
 // (the same row, or two). Under READ COMMITTED this new statement sees a
@@ -52,10 +76,17 @@ ON CONFLICT DO NOTHING`
 const conflictingEvents = `SELECT id, tenant, type, payload, idempotency_key, version, ordering_key
 FROM txhook_events WHERE id = ? OR (tenant = ? AND idempotency_key = ?)`
 
-// EnqueueQueries are the statements InsertEvent runs, for Prepare.
-func (s *Store) EnqueueQueries() []string {
+// EnqueueQueries are the statements InsertEvent runs, for Prepare: with
+// traced, those for events with a trace context too.
+func (s *Store) EnqueueQueries(traced bool) []string {
 	if s.Dialect == Postgres {
+		if traced {
+			return []string{pgEnqueue, pgEnqueueNotify, pgEnqueueTraced, pgEnqueueNotifyTraced}
+		}
 		return []string{pgEnqueue, pgEnqueueNotify}
+	}
+	if traced {
+		return []string{sqliteEnqueue, sqliteEnqueueTraced}
 	}
 	return []string{sqliteEnqueue}
 }
@@ -78,16 +109,22 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 	if ev.Version < 1 {
 		ev.Version = 1
 	}
-	query := sqliteEnqueue
-	if s.Dialect == Postgres {
-		query = pgEnqueue
-		if notify {
-			query = pgEnqueueNotify
-		}
-	} else {
+	if s.Dialect != Postgres {
 		notify = false
 	}
-	res, err := s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
+	var res sql.Result
+	if ev.TraceParent == "" {
+		query := sqliteEnqueue
+		if s.Dialect == Postgres {
+			query = pgEnqueue
+			if notify {
+				query = pgEnqueueNotify
+			}
+		}
+		res, err = s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
+	} else {
+		res, err = s.insertTraced(ctx, q, ev, key, okey, notify)
+	}
 	if err != nil {
 		return false, false, err
 	}
@@ -96,6 +133,24 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 		return false, false, err
 	}
 	return n == 1, n == 1 && notify, nil
+}
+
+// insertTraced is InsertEvent's statement for an event with a trace
+// context: a separate call, so that the untraced one keeps its argument
+// list (and its cost) exactly.
+func (s *Store) insertTraced(ctx context.Context, q Querier, ev NewEvent, key, okey any, notify bool) (sql.Result, error) {
+	query := sqliteEnqueueTraced
+	if s.Dialect == Postgres {
+		query = pgEnqueueTraced
+		if notify {
+			query = pgEnqueueNotifyTraced
+		}
+	}
+	var state any
+	if ev.TraceState != "" {
+		state = ev.TraceState
+	}
+	return s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey, ev.TraceParent, state)
 }
 
 // ConflictingEvents reads, on q, the events that made InsertEvent of ev

@@ -194,6 +194,16 @@ WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`)
 	return out, rows.Err()
 }
 
+// Undispatched counts the committed events no relay has fanned out yet,
+// on the two partial indexes of undispatched events.
+func (s *Store) Undispatched(ctx context.Context) (int, error) {
+	var n int
+	err := s.DB.QueryRowContext(ctx, `SELECT
+    (SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL AND ordering_key IS NULL) +
+    (SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL)`).Scan(&n)
+	return n, err
+}
+
 // DeadLettersByEndpoint counts the dead letters of each endpoint.
 func (s *Store) DeadLettersByEndpoint(ctx context.Context) (map[string]int, error) {
 	rows, err := s.DB.QueryContext(ctx, `SELECT endpoint_id, count(*) FROM txhook_dead_letters GROUP BY endpoint_id`)

@@ -12,7 +12,8 @@
 //
 //	txhook_attempts_total{endpoint, outcome}      counter: attempts by outcome
 //	txhook_attempt_duration_seconds{endpoint}     histogram: request latency
-//	txhook_backlog_deliveries{endpoint, state}    gauge: deliveries pending, running or paused
+//	txhook_backlog_deliveries{endpoint, state}    gauge: deliveries pending, running, paused or blocked
+//	txhook_undispatched_events                    gauge: committed events no relay has fanned out yet
 //	txhook_dead_letters{endpoint}                 gauge: dead letters not replayed or purged
 //
 // The outcome of an attempt is "succeeded" (2xx), "retry" (failed, another
@@ -22,7 +23,8 @@
 // since it started; attempts that made no request (a lease that lapsed, a
 // secret that could not sign) count as attempts but not as latencies. The
 // gauges are read from the database at each scrape, for the whole outbox,
-// with two grouped counts on indexes, each bounded by ScrapeTimeout.
+// through Outbox.Backlog and Outbox.DeadLetterCounts (counts on indexes),
+// bounded by ScrapeTimeout.
 //
 // # Label cardinality
 //
@@ -43,8 +45,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/txhook/txhook/internal/link"
-	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -77,12 +77,13 @@ type Options struct {
 // Collector is a prometheus.Collector for one outbox. It is safe for
 // concurrent use.
 type Collector struct {
-	st      *store.Store
-	opts    Options
-	attempt *prometheus.CounterVec
-	latency *prometheus.HistogramVec
-	backlog *prometheus.Desc
-	dead    *prometheus.Desc
+	ob           *outbox.Outbox
+	opts         Options
+	attempt      *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+	backlog      *prometheus.Desc
+	undispatched *prometheus.Desc
+	dead         *prometheus.Desc
 
 	mu    sync.Mutex
 	own   map[string]*slot // endpoints with a label value of their own
@@ -116,7 +117,7 @@ func New(ob *outbox.Outbox, opts Options) *Collector {
 	}
 	ns, cl := opts.Namespace, opts.ConstLabels
 	return &Collector{
-		st:   link.Outbox(ob).Store,
+		ob:   ob,
 		opts: opts,
 		attempt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "attempts_total", ConstLabels: cl,
@@ -127,8 +128,10 @@ func New(ob *outbox.Outbox, opts Options) *Collector {
 			Help: "Duration of delivery requests, redirects and response included.",
 		}, []string{"endpoint"}),
 		backlog: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_deliveries"),
-			"Deliveries not finished: pending, running, or paused while their endpoint is disabled.",
+			"Deliveries not finished: pending, running, paused while their endpoint is disabled, or blocked behind an earlier event of their ordering key.",
 			[]string{"endpoint", "state"}, cl),
+		undispatched: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "undispatched_events"),
+			"Committed events no relay has fanned out into deliveries yet; grows when no relay runs.", nil, cl),
 		dead: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "dead_letters"),
 			"Dead letters not yet replayed or purged.", []string{"endpoint"}, cl),
 		own: map[string]*slot{},
@@ -180,6 +183,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.attempt.Describe(ch)
 	c.latency.Describe(ch)
 	ch <- c.backlog
+	ch <- c.undispatched
 	ch <- c.dead
 }
 
@@ -193,11 +197,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.ScrapeTimeout)
 	defer cancel()
-	backlog, err := c.st.Backlog(ctx)
+	bl, err := c.ob.Backlog(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.backlog, err)
+		ch <- prometheus.NewInvalidMetric(c.undispatched, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.undispatched, prometheus.GaugeValue, float64(bl.Undispatched))
 	}
-	dead, derr := c.st.DeadLettersByEndpoint(ctx)
+	backlog := bl.Deliveries
+	dead, derr := c.ob.DeadLetterCounts(ctx)
 	if derr != nil {
 		ch <- prometheus.NewInvalidMetric(c.dead, derr)
 	}
@@ -240,7 +248,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range all {
 		deads[s.label] = 0
-		for _, st := range []string{store.StatePending, store.StateRunning, store.StatePaused} {
+		for _, st := range []string{outbox.StatePending, outbox.StateRunning, outbox.StatePaused} {
 			backlogs[key{s.label, st}] = 0
 		}
 	}

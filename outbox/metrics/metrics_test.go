@@ -3,10 +3,6 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"sort"
 	"strings"
 	"testing"
@@ -16,40 +12,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testob"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/metrics"
 	"github.com/txhook/txhook/retry"
 )
-
-const waitFor = 60 * time.Second
-
-func newOutbox(t *testing.T, db *testdb.DB) (*outbox.Outbox, context.Context) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if db.Backend.Driver == "postgres" {
-		cfg.ListenDSN = db.DSN
-	}
-	ob, err := outbox.New(ctx, db.DB, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ob.Close() })
-	return ob, ctx
-}
-
-func receiver(t *testing.T, status int) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.WriteHeader(status)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
 
 // gather returns the samples of one metric family by label set
 // ("endpoint=ep_1,outcome=retry"): values of counters and gauges, sample
@@ -85,25 +52,14 @@ func gather(t *testing.T, reg *prometheus.Registry, name string) map[string]floa
 	return out
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestCollectorFollowsARelay(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		ob, ctx := newOutbox(t, db)
-		good, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: receiver(t, 200)})
+		ob, ctx := testob.NewOutbox(t, db)
+		good, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: testob.Receiver(t, 200)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		bad, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: receiver(t, 500)})
+		bad, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "m", URL: testob.Receiver(t, 500)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +87,7 @@ func TestCollectorFollowsARelay(t *testing.T) {
 			}
 		}
 		attempts := func() map[string]float64 { return gather(t, reg, "txhook_attempts_total") }
-		eventually(t, "every attempt observed", func() bool {
+		testob.Eventually(t, "every attempt observed", func() bool {
 			a := attempts()
 			return a["endpoint="+good.ID+",outcome=succeeded"] == 3 && a["endpoint="+bad.ID+",outcome=dead_lettered"] == 3
 		})
@@ -185,6 +141,18 @@ VALUES ('evt_x', ?, ?, 0, ?, ?, ?)`
 		if dead["endpoint="+bad.ID] != 3 || dead["endpoint="+good.ID] != 0 || len(dead) != 2 {
 			t.Errorf("dead letters: %v", dead)
 		}
+		// With the relay stopped, new events wait undispatched.
+		if u := gather(t, reg, "txhook_undispatched_events"); u[""] != 0 {
+			t.Errorf("undispatched before: %v", u)
+		}
+		for i := range 2 {
+			if _, err := ob.Enqueue(ctx, db.DB, outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: fmt.Appendf(nil, `{"late":%d}`, i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if u := gather(t, reg, "txhook_undispatched_events"); u[""] != 2 || len(u) != 1 {
+			t.Errorf("undispatched: %v", u)
+		}
 		if err := prometheus.NewPedanticRegistry().Register(metrics.New(ob, metrics.Options{})); err != nil {
 			t.Errorf("pedantic registry: %v", err)
 		}
@@ -192,7 +160,7 @@ VALUES ('evt_x', ?, ?, 0, ?, ?, ?)`
 }
 
 func TestCollectorBoundsEndpointLabels(t *testing.T) {
-	ob, ctx := newOutbox(t, testdb.SQLite(t))
+	ob, ctx := testob.NewOutbox(t, testdb.SQLite(t))
 	db := ob.DB()
 	c := metrics.New(ob, metrics.Options{MaxEndpoints: 5, Namespace: "pay", ConstLabels: prometheus.Labels{"service": "api"}})
 	reg := prometheus.NewPedanticRegistry()
