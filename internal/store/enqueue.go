@@ -16,6 +16,7 @@ type NewEvent struct {
 	Version        int
 	OrderingKey    string // "" for none
 	CreatedAt      time.Time
+	DeliverAt      time.Time // zero for at once; written by InsertEvents only
 }
 
 // WakeChannel is the PostgreSQL NOTIFY channel the relay listens on.
