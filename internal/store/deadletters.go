@@ -179,7 +179,7 @@ WHERE `+s.idsIn("dl.delivery_id")+` ORDER BY dl.delivery_id`+lock), jsonIDs(ids)
 			return err
 		}
 		ins := s.Rebind(`INSERT INTO txhook_deliveries (event_id, endpoint_id, state, next_attempt_at, created_at, updated_at)
-VALUES (?, ?, ?, `+s.notBefore("?", "?")+`, ?, ?) RETURNING id`)
+VALUES (?, ?, ?, ` + s.notBefore("?", "?") + `, ?, ?) RETURNING id`)
 		del := s.Rebind(`DELETE FROM txhook_dead_letters WHERE delivery_id = ?`)
 		for _, r := range rs {
 			state := StatePending
