@@ -38,16 +38,22 @@ func (rc *receiver) ids() []string {
 	return out
 }
 
+// delayedSetup opens an outbox on a fake clock with a running relay, an
+// endpoint of tenant "m" at rc and one of tenant "barrier" at bar.
+func delayedSetup(t *testing.T, db *testdb.DB) (b *bundle, fake *clock.Fake, start time.Time, rc *receiver, ep outbox.Endpoint, bar *receiver) {
+	start = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	fake = clock.NewFake(start)
+	b = setup(t, db, outbox.Config{Clock: fake})
+	rc, bar = newReceiver(t, nil), newReceiver(t, nil)
+	ep = b.endpoint("m", rc.URL)
+	b.endpoint("barrier", bar.URL)
+	b.relay(outbox.RelayConfig{})
+	return b, fake, start, rc, ep, bar
+}
+
 func TestDeliverAtNothingBeforeItThenDelivered(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-		fake := clock.NewFake(start)
-		b := setup(t, db, outbox.Config{Clock: fake})
-		rc := newReceiver(t, nil)
-		ep := b.endpoint("m", rc.URL)
-		bar := newReceiver(t, nil)
-		b.endpoint("barrier", bar.URL)
-		b.relay(outbox.RelayConfig{})
+		b, fake, start, rc, ep, bar := delayedSetup(t, db)
 
 		hour := start.Add(time.Hour)
 		single := b.enqueue(outbox.Event{Tenant: "m", Type: "payment.due", Payload: []byte(`{"n":1}`), DeliverAt: hour})
@@ -105,6 +111,10 @@ func TestDeliverAtNothingBeforeItThenDelivered(t *testing.T) {
 		if ids := rc.ids(); ids[3] != batched {
 			t.Fatalf("deliveries %v, want %s last", ids, batched)
 		}
+		b.eventually("the attempt recorded", func() bool {
+			return b.count(`SELECT count(*) FROM txhook_attempts a
+JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = ?`, single) == 1
+		})
 		var started store_time
 		if err := db.QueryRowContext(b.ctx, b.rebind(`SELECT a.started_at FROM txhook_attempts a
 JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = ?`), single).Scan(&started); err != nil {
@@ -118,14 +128,7 @@ JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = ?`), single)
 
 func TestDeliverAtWithOrderingKeys(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-		fake := clock.NewFake(start)
-		b := setup(t, db, outbox.Config{Clock: fake})
-		rc := newReceiver(t, nil)
-		b.endpoint("m", rc.URL)
-		bar := newReceiver(t, nil)
-		b.endpoint("barrier", bar.URL)
-		b.relay(outbox.RelayConfig{})
+		b, fake, start, rc, _, bar := delayedSetup(t, db)
 		hour := start.Add(time.Hour)
 		ev := func(key string, n int, at time.Time) outbox.Event {
 			e := payEvent("m", n)
