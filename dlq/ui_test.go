@@ -239,6 +239,10 @@ func TestUIDeadLetterActions(t *testing.T) {
 		if dead() != 4 || pending() != 1 {
 			t.Errorf("after replay one: %d dead, %d pending", dead(), pending())
 		}
+		// The replayed delivery is pending: its listing says when it is due.
+		if page := s.get("deliveries?event_id=evt_0"); !strings.Contains(page, `class="when next"`) {
+			t.Errorf("pending delivery without its next attempt:\n%s", page)
+		}
 		if page := s.get(loc); !strings.Contains(page, "Replayed 1 dead letter") {
 			t.Errorf("no flash after replay:\n%s", page)
 		}

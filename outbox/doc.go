@@ -95,7 +95,9 @@
 // With Config.TracerProvider set (OpenTelemetry), Enqueue runs in a span
 // named txhook.enqueue (kind producer), a child of the span in its
 // context, and stores that span's W3C trace context (traceparent and
-// tracestate) with the event. Every attempt a relay makes at a receiver is
+// tracestate) with the event. EnqueueMany runs in one span,
+// txhook.enqueue_many (attribute txhook.batch.size), whose context every
+// event of the batch stores. Every attempt a relay makes at a receiver is
 // a span named txhook.attempt (kind client), a child of the Enqueue span
 // whichever process makes it and however much later, so the payment's
 // trace shows each attempt, retries and replays included; the request

@@ -70,7 +70,22 @@ type Event struct {
 	// previous one succeeded or was dead-lettered. Use the ID of the object
 	// the events are about (a payment ID). Events with different keys, or
 	// none, are delivered in parallel. At most 255 printable characters.
+	// A delayed event (DeliverAt) holds its key's line until it is
+	// delivered: later events of the key wait for it.
 	OrderingKey string
+
+	// DeliverAt, when later than now, delays the event's first attempt:
+	// no delivery of it is attempted before DeliverAt by the relay's
+	// clock, and relays attempt it within about PollInterval after. Zero,
+	// or a time not after now, means at once; more than MaxDelay after now
+	// is refused (ErrInvalidEvent). The event is still written in tx and
+	// dispatched when tx commits, so its deliveries go to the endpoints
+	// subscribed at that moment; they wait, pending, in the deliveries
+	// listings with NextAttemptAt = DeliverAt. The envelope's timestamp
+	// stays the time of Enqueue. DeliverAt is not part of an event's
+	// identity: enqueuing it again with another DeliverAt is a duplicate
+	// and keeps the first time.
+	DeliverAt time.Time
 }
 
 var (
@@ -91,7 +106,8 @@ type Enqueued struct {
 
 // Enqueue writes ev through tx, which should be the caller's business
 // transaction: a rollback leaves nothing, a commit makes the event due at
-// once. It returns the event's ID. It is EnqueueDetail for callers that do
+// once (or at ev.DeliverAt). EnqueueMany writes many events in one
+// statement. It returns the event's ID. It is EnqueueDetail for callers that do
 // not need to tell a new event from a duplicate.
 //
 // Enqueue writes one row, the event, so that it costs the business
@@ -142,6 +158,9 @@ func (o *Outbox) EnqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, 
 }
 
 func (o *Outbox) enqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+	if !ev.DeliverAt.IsZero() {
+		return o.enqueueDelayed(ctx, tx, ev)
+	}
 	if err := o.validate(&ev); err != nil {
 		return Enqueued{}, err
 	}

@@ -30,13 +30,15 @@ import (
 
 // Span names and attributes, as the package documentation lists them.
 const (
-	spanEnqueue = "txhook.enqueue"
-	spanAttempt = "txhook.attempt"
+	spanEnqueue     = "txhook.enqueue"
+	spanEnqueueMany = "txhook.enqueue_many"
+	spanAttempt     = "txhook.attempt"
 
 	attrTenant     = attribute.Key("txhook.tenant")
 	attrEventID    = attribute.Key("txhook.event.id")
 	attrEventType  = attribute.Key("txhook.event.type")
 	attrDuplicate  = attribute.Key("txhook.event.duplicate")
+	attrBatchSize  = attribute.Key("txhook.batch.size")
 	attrEndpointID = attribute.Key("txhook.endpoint.id")
 	attrDelivery   = attribute.Key("txhook.delivery.id")
 	attrAttempt    = attribute.Key("txhook.attempt")
@@ -98,6 +100,19 @@ func (o *Outbox) enqueueTraced(ctx context.Context, tx Tx, ev Event) (Enqueued, 
 	}
 	span.SetAttributes(attrEventID.String(res.ID), attrDuplicate.Bool(res.Duplicate))
 	return res, nil
+}
+
+// enqueueManyTraced is EnqueueMany in one span.
+func (o *Outbox) enqueueManyTraced(ctx context.Context, tx Tx, evs []Event) ([]Enqueued, error) {
+	ctx, span := o.tracer.Start(ctx, spanEnqueueMany, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attrBatchSize.Int(len(evs))))
+	defer span.End()
+	res, err := o.enqueueMany(ctx, tx, evs)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return res, err
 }
 
 // traceInto stores the trace context of the span in ctx (Enqueue's) in

@@ -292,3 +292,70 @@ func TestTracingOff(t *testing.T) {
 		}
 	})
 }
+
+// EnqueueMany is one span whose context every event of the batch stores,
+// and an event with a DeliverAt (which takes the batch path) is traced as
+// Enqueue is: its attempts continue the caller's trace.
+func TestTraceEnqueueManyAndDelayed(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		tr := newTracer(t)
+		b := setup(t, db, outbox.Config{TracerProvider: tr})
+		rc := newReceiver(t, nil)
+		b.endpoint("m", rc.URL)
+		ctx, payment := paymentContext(t, b.ctx, tr)
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		many, err := b.ob.EnqueueMany(ctx, tx, []outbox.Event{
+			{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"n":1}`)},
+			{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"n":2}`)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		delayed, err := b.ob.EnqueueDetail(ctx, tx, outbox.Event{Tenant: "m", Type: "payment.succeeded",
+			Payload: []byte(`{"n":3}`), DeliverAt: time.Now().Add(50 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		payment.End()
+
+		batch := tr.spans("txhook.enqueue_many")
+		one := tr.spans("txhook.enqueue")
+		if len(batch) != 1 || len(one) != 1 {
+			t.Fatalf("spans: %d enqueue_many, %d enqueue; want 1 and 1 (the delayed event's batch path opens no second span)", len(batch), len(one))
+		}
+		if attrs(batch[0])["txhook.batch.size"].AsInt64() != 2 || batch[0].Parent().SpanID() != payment.SpanContext().SpanID() {
+			t.Errorf("enqueue_many span: parent %v attributes %v", batch[0].Parent(), batch[0].Attributes())
+		}
+		want := map[string]trace.SpanID{many[0].ID: batch[0].SpanContext().SpanID(), many[1].ID: batch[0].SpanContext().SpanID(),
+			delayed.ID: one[0].SpanContext().SpanID()}
+		for id, span := range want {
+			var parent sql.NullString
+			if err := db.QueryRowContext(b.ctx, b.rebind("SELECT trace_parent FROM txhook_events WHERE id = ?"), id).Scan(&parent); err != nil {
+				t.Fatal(err)
+			}
+			if len(parent.String) != 55 || parent.String[36:52] != span.String() {
+				t.Errorf("event %s stored traceparent %q, want span %s", id, parent.String, span)
+			}
+		}
+
+		b.relay(outbox.RelayConfig{})
+		for range 3 {
+			var got received
+			select {
+			case got = <-rc.got:
+			case <-time.After(waitFor):
+				t.Fatal("not every event was delivered")
+			}
+			seen := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(got.Header)))
+			if seen.TraceID() != payment.SpanContext().TraceID() {
+				t.Errorf("receiver saw traceparent %q, want trace ID %s", got.Header.Get("Traceparent"), payment.SpanContext().TraceID())
+			}
+		}
+	})
+}

@@ -128,7 +128,9 @@ func (s *Store) subscribed(typ string) string {
 // marks them dispatched and creates their deliveries, one per enabled
 // endpoint of the tenant that subscribes to the type, already claimed by
 // $3 for their first attempt: fan-out and claim in one statement, so a new
-// event costs the relay one round trip before its first request.
+// event costs the relay one round trip before its first request. The
+// deliveries of a delayed event (deliver_at later than $1) are created
+// pending, due at deliver_at, and not returned.
 var pgDispatch = `WITH ev AS (
     SELECT id FROM txhook_events
     WHERE dispatched_at IS NULL AND ordering_key IS NULL
@@ -138,21 +140,23 @@ var pgDispatch = `WITH ev AS (
 ), e AS (
     UPDATE txhook_events e SET dispatched_at = $1
     FROM ev WHERE e.id = ev.id
-    RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at, e.trace_parent, e.trace_state
+    RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at, e.trace_parent, e.trace_state, e.deliver_at, COALESCE(e.deliver_at > $1, false) AS later
 ), ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
-    SELECT e.id, ep.id, 'running', 1, ` + pgLeaseUntil + `, $3, $1, $1
+    SELECT e.id, ep.id, CASE WHEN e.later THEN 'pending' ELSE 'running' END, CASE WHEN e.later THEN 0 ELSE 1 END,
+           CASE WHEN e.later THEN e.deliver_at ELSE ` + pgLeaseUntil + ` END, CASE WHEN e.later THEN NULL ELSE $3 END, $1, $1
     FROM e JOIN txhook_endpoints ep ON ep.tenant = e.tenant AND ep.enabled
     WHERE ` + (&Store{Dialect: Postgres}).subscribed("e.type") + `
-    RETURNING id, event_id, endpoint_id
+    RETURNING id, event_id, endpoint_id, state
 )
 SELECT ins.id, 1, 'pending', ins.event_id, ` + claimEventCols + `,
        ins.endpoint_id, NULL, ` + claimEndpointCols + `
 FROM ins
 JOIN e ON e.id = ins.event_id
-JOIN txhook_endpoints ep ON ep.id = ins.endpoint_id`
+JOIN txhook_endpoints ep ON ep.id = ins.endpoint_id
+WHERE ins.state = 'running'`
 
-const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state FROM txhook_events
+const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state, deliver_at FROM txhook_events
 WHERE dispatched_at IS NULL AND ordering_key IS NULL
 ORDER BY created_at
 LIMIT ?`
@@ -167,6 +171,11 @@ ORDER BY e.created_at, ep.id`
 const sqliteDispatchInsert = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
 VALUES (?, ?, 'running', 1, ` + sqliteNow + ` + ?, ?, ?, ?) RETURNING id`
 
+// sqliteDispatchLater creates a delayed event's delivery, pending until the
+// event's deliver_at.
+const sqliteDispatchLater = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
+VALUES (?, ?, 'pending', 0, ?, ?, ?)`
+
 // ClaimQueries are the statements Claim and Dispatch run, for Prepare.
 func (s *Store) ClaimQueries() []string {
 	if s.Dialect == Postgres {
@@ -179,7 +188,8 @@ func (s *Store) ClaimQueries() []string {
 // key, oldest first: it marks them dispatched and creates their
 // deliveries, claimed by owner for their first attempt and leased for
 // lease by the database's clock. Events no endpoint subscribes to are
-// marked and yield nothing.
+// marked and yield nothing. A delayed event (deliver_at after now) gets its
+// deliveries pending, due at deliver_at, and they are not returned.
 func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
 		args := []any{s.T(now), limit, owner, lease.Microseconds()}
@@ -214,12 +224,21 @@ func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		for i := range out {
-			if err := q.QueryRowContext(ctx, sqliteDispatchInsert, out[i].EventID, out[i].EndpointID,
-				lease.Microseconds(), owner, s.T(now), s.T(now)).Scan(&out[i].ID); err != nil {
+		claimed := out[:0]
+		for _, c := range out {
+			if at := events[c.EventID].deliverAt; at.After(now) {
+				if _, err := q.ExecContext(ctx, sqliteDispatchLater, c.EventID, c.EndpointID, s.T(at), s.T(now), s.T(now)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := q.QueryRowContext(ctx, sqliteDispatchInsert, c.EventID, c.EndpointID,
+				lease.Microseconds(), owner, s.T(now), s.T(now)).Scan(&c.ID); err != nil {
 				return err
 			}
+			claimed = append(claimed, c)
 		}
+		out = claimed
 		return nil
 	})
 	if err != nil {
@@ -236,6 +255,7 @@ type pendingEvent struct {
 	created              time.Time
 	traceParent          nullString
 	traceState           nullString
+	deliverAt            time.Time // zero: at once
 }
 
 func (e pendingEvent) fill(c *Claimed) {
@@ -244,8 +264,8 @@ func (e pendingEvent) fill(c *Claimed) {
 }
 
 // undispatched reads events with query (columns id, tenant, type, version,
-// payload, created_at, trace_parent, trace_state, and optionally
-// ordering_key), in order.
+// payload, created_at, trace_parent, trace_state, then optionally
+// ordering_key and deliver_at by name), in order.
 func (s *Store) undispatched(ctx context.Context, q Querier, query string, args ...any) (map[string]pendingEvent, []string, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -257,15 +277,20 @@ func (s *Store) undispatched(ctx context.Context, q Querier, query string, args 
 	var ids []string
 	for rows.Next() {
 		var e pendingEvent
-		var t Time
+		var t, at Time
 		dest := []any{&e.id, &e.tenant, &e.typ, &e.version, &e.payload, &t, &e.traceParent, &e.traceState}
-		if len(cols) > 8 {
-			dest = append(dest, &e.key)
+		for _, c := range cols[min(8, len(cols)):] {
+			switch c {
+			case "ordering_key":
+				dest = append(dest, &e.key)
+			case "deliver_at":
+				dest = append(dest, &at)
+			}
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, err
 		}
-		e.created = t.Time
+		e.created, e.deliverAt = t.Time, at.Time
 		events[e.id] = e
 		ids = append(ids, e.id)
 	}
@@ -279,7 +304,7 @@ func (s *Store) undispatched(ctx context.Context, q Querier, query string, args 
 // unfinished, and the completion of that one unblocks it. On PostgreSQL an
 // advisory lock per tenant and key serialises these steps across relays.
 
-const keyedSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state, ordering_key FROM txhook_events
+const keyedSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state, ordering_key, deliver_at FROM txhook_events
 WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL
 ORDER BY created_at, id
 LIMIT ?`
@@ -395,14 +420,19 @@ ORDER BY ep.id`
 			}
 			for i := range cs {
 				state, attempts, next, leaseUS, holder := StateRunning, 1, any(nil), any(lease.Microseconds()), any(owner)
-				if blocked[i] {
+				switch {
+				case blocked[i]:
 					state, attempts, next, leaseUS, holder = StateBlocked, 0, s.T(now), nil, nil
+				case e.deliverAt.After(now):
+					// Delayed: due at deliver_at; it holds the key's line
+					// meanwhile, so later events of the key wait for it.
+					state, attempts, next, leaseUS, holder = StatePending, 0, s.T(e.deliverAt), nil, nil
 				}
 				if err := q.QueryRowContext(ctx, insert, e.id, cs[i].EndpointID, state, attempts, next, leaseUS, holder,
 					e.key, s.T(now), s.T(now)).Scan(&cs[i].ID); err != nil {
 					return err
 				}
-				if !blocked[i] {
+				if state == StateRunning {
 					out = append(out, cs[i])
 				}
 			}
@@ -446,7 +476,7 @@ func (s *Store) Unblock(ctx context.Context, now time.Time, pairs []OrderedPair)
 			return err
 		}
 		for _, p := range pairs {
-			res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = ?, updated_at = ?
+			res, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = `+s.notBefore("?", "txhook_deliveries.event_id")+`, updated_at = ?
 WHERE id = (SELECT min(id) FROM txhook_deliveries WHERE endpoint_id = ? AND ordering_key = ? AND state = 'blocked')
   AND NOT EXISTS (SELECT 1 FROM txhook_deliveries WHERE endpoint_id = ? AND ordering_key = ? AND state IN ('pending', 'running', 'paused'))`),
 				s.T(now), s.T(now), p.EndpointID, p.Key, p.EndpointID, p.Key)
@@ -606,4 +636,17 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		out = append(out, c)
 	}
 	return out, rows.Err()
+}
+
+// notBefore is the SQL for the later of the time now (a placeholder or
+// expression) and the deliver_at of the event whose ID is eventID (an
+// expression): when a delivery made due by an operation (an unblocking, an
+// endpoint enabled again, a recovery, a replay) may be attempted, so that
+// nothing is sent before a delayed event's time.
+func (s *Store) notBefore(now, eventID string) string {
+	at := `(SELECT ev.deliver_at FROM txhook_events ev WHERE ev.id = ` + eventID + `)`
+	if s.Dialect == Postgres {
+		return `GREATEST(` + now + `, ` + at + `)`
+	}
+	return `max(` + now + `, COALESCE(` + at + `, 0))`
 }

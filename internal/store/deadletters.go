@@ -141,8 +141,8 @@ func (s *Store) EventPayload(ctx context.Context, id string) (typ string, payloa
 }
 
 // ReplayDead queues a fresh delivery of the same event to the same endpoint
-// for each dead letter in ids, and removes those dead letters, in one
-// transaction. Dead letters whose endpoint no longer exists are left in
+// for each dead letter in ids, due at now (a delayed event's not before its
+// deliver_at), and removes those dead letters, in one transaction. Dead letters whose endpoint no longer exists are left in
 // place. It returns the new delivery IDs, keyed by the dead delivery ID.
 func (s *Store) ReplayDead(ctx context.Context, ids []int64, now time.Time) (map[int64]int64, error) {
 	out := map[int64]int64{}
@@ -179,7 +179,7 @@ WHERE `+s.idsIn("dl.delivery_id")+` ORDER BY dl.delivery_id`+lock), jsonIDs(ids)
 			return err
 		}
 		ins := s.Rebind(`INSERT INTO txhook_deliveries (event_id, endpoint_id, state, next_attempt_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?) RETURNING id`)
+VALUES (?, ?, ?, ` + s.notBefore("?", "?") + `, ?, ?) RETURNING id`)
 		del := s.Rebind(`DELETE FROM txhook_dead_letters WHERE delivery_id = ?`)
 		for _, r := range rs {
 			state := StatePending
@@ -187,7 +187,7 @@ VALUES (?, ?, ?, ?, ?, ?) RETURNING id`)
 				state = StatePaused
 			}
 			var nid int64
-			if err := q.QueryRowContext(ctx, ins, r.event, r.endpoint, state, s.T(now), s.T(now), s.T(now)).Scan(&nid); err != nil {
+			if err := q.QueryRowContext(ctx, ins, r.event, r.endpoint, state, s.T(now), r.event, s.T(now), s.T(now)).Scan(&nid); err != nil {
 				return err
 			}
 			if _, err := q.ExecContext(ctx, del, r.id); err != nil {

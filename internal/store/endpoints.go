@@ -55,7 +55,7 @@ WHERE id = ?`), e.URL, e.Description, string(e.EventTypes), e.RateLimit, e.RateB
 
 // SetEndpointEnabled enables or disables an endpoint. Disabling parks its
 // waiting deliveries ('paused') so they spend no attempts; enabling makes
-// them due at now. A delivery in flight when the endpoint is disabled is
+// them due at now (a delayed event's not before its deliver_at). A delivery in flight when the endpoint is disabled is
 // parked by the relay when it completes.
 func (s *Store) SetEndpointEnabled(ctx context.Context, id string, enabled bool, reason string, now time.Time) error {
 	return s.Tx(ctx, func(q Querier) error {
@@ -65,7 +65,7 @@ func (s *Store) SetEndpointEnabled(ctx context.Context, id string, enabled bool,
 			return err
 		}
 		if enabled {
-			_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = ?, updated_at = ?
+			_, err = q.ExecContext(ctx, s.Rebind(`UPDATE txhook_deliveries SET state = 'pending', next_attempt_at = `+s.notBefore("?", "txhook_deliveries.event_id")+`, updated_at = ?
 WHERE endpoint_id = ? AND state = 'paused'`), s.T(now), s.T(now), id)
 			return err
 		}

@@ -69,7 +69,8 @@ LIMIT ?`), endpointID, s.T(after.CreatedAt.Add(-recoverClockSlack)), s.T(after.C
 }
 
 // Recover queues a fresh delivery of each of events (in created order, as
-// RecoverCandidates returns them) to endpoint endpointID, due at now, in
+// RecoverCandidates returns them) to endpoint endpointID, due at now (a
+// delayed event's not before its deliver_at), in
 // one transaction. It checks again, under the endpoint's row lock, that the
 // event has no succeeded or unfinished delivery to the endpoint, and
 // removes the event's dead letters for the endpoint (a dead letter being
@@ -200,12 +201,13 @@ WHERE endpoint_id = ? AND ordering_key = ? AND state IN ('pending', 'running', '
 		var res sql.Result
 		if s.Dialect == Postgres {
 			res, err = q.ExecContext(ctx, `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, ordering_key, next_attempt_at, created_at, updated_at)
-SELECT x.event_id, $1, x.state, x.key, $2, $2, $2
+SELECT x.event_id, $1, x.state, x.key, `+s.notBefore("$2", "x.event_id")+`, $2, $2
 FROM ROWS FROM (jsonb_to_recordset($3::jsonb) AS (event_id text, state text, key text)) WITH ORDINALITY AS x(event_id, state, key, n)
 ORDER BY x.n`, endpointID, s.T(now), string(b))
 		} else {
 			res, err = q.ExecContext(ctx, `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, ordering_key, next_attempt_at, created_at, updated_at)
-SELECT json_extract(value, '$.event_id'), ?1, json_extract(value, '$.state'), json_extract(value, '$.key'), ?2, ?2, ?2
+SELECT json_extract(value, '$.event_id'), ?1, json_extract(value, '$.state'), json_extract(value, '$.key'),
+       `+s.notBefore("?2", "json_extract(value, '$.event_id')")+`, ?2, ?2
 FROM json_each(?3)
 ORDER BY CAST(key AS INTEGER)`, endpointID, s.T(now), string(b))
 		}

@@ -1,0 +1,13 @@
+-- txhook schema, version 6 (PostgreSQL): delayed events.
+--
+-- Down (to undo by hand; deliveries already created keep their times):
+--     ALTER TABLE txhook_events DROP COLUMN IF EXISTS deliver_at;
+--
+-- The time before which no delivery of the event may be attempted, set by
+-- Enqueue from Event.DeliverAt; NULL means at once (every event enqueued
+-- before this version). A relay dispatches a delayed event as soon as it is
+-- committed, as any other, but creates its deliveries 'pending' with
+-- next_attempt_at = deliver_at instead of claiming them, so the claim
+-- query's index times them like retries. A nullable column without a
+-- default: adding it rewrites nothing.
+ALTER TABLE txhook_events ADD COLUMN IF NOT EXISTS deliver_at timestamptz;
