@@ -21,7 +21,7 @@ type NewEvent struct {
 	// traced statements: without one, the insert is the untraced one.
 	TraceParent string
 	TraceState  string
-	DeliverAt      time.Time // zero for at once; written by InsertEvents only
+	DeliverAt   time.Time // zero for at once; written by InsertEvents only
 }
 
 // WakeChannel is the PostgreSQL NOTIFY channel the relay listens on.
