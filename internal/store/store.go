@@ -68,6 +68,9 @@ type Store struct {
 	DB      *sql.DB
 	Dialect Dialect
 
+	schema string // see SetSchema
+	prefix string // `"schema".`, or "" for the search_path
+
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt
 }
@@ -206,10 +209,13 @@ func (t *Time) parse(s string) error {
 // Value implements driver.Valuer for completeness; queries use T instead.
 func (t Time) Value() (driver.Value, error) { return t.Time, nil }
 
-// Rebind turns ? placeholders into $1, $2 … for PostgreSQL. Queries in this
-// package never contain a literal question mark.
+// Rebind readies a statement for the Store, and every PostgreSQL statement
+// passes through it: it turns ? placeholders into $1, $2 … and, when a
+// schema is set (SetSchema), names txhook's tables in it. Queries in this
+// package never contain a literal question mark. A statement already in
+// its final form comes back unchanged.
 func (s *Store) Rebind(q string) string {
-	if s.Dialect != Postgres {
+	if s.Dialect != Postgres || s.prefix == "" && strings.IndexByte(q, '?') < 0 {
 		return q
 	}
 	var b strings.Builder
@@ -224,6 +230,13 @@ func (s *Store) Rebind(q string) string {
 		}
 		b.WriteByte(q[i])
 	}
+	if s.prefix == "" {
+		return b.String()
+	}
+	out := b.String()
+	b.Reset()
+	b.Grow(len(out) + 128)
+	s.qualify(&b, out)
 	return b.String()
 }
 
