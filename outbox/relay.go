@@ -139,12 +139,16 @@ func (r *Relay) ID() string { return r.cfg.ID }
 
 // Start begins claiming and delivering in the background and returns. If
 // ctx is cancelled the relay stops at once, as Stop with an expired
-// context would.
+// context would. It first checks the schema (see Outbox.CheckSchema) and
+// fails with an error wrapping ErrNotMigrated when a migration is missing.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
 		return ErrRelayStarted
+	}
+	if err := r.st.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("txhook: relay start: %w", err)
 	}
 	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
 		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)

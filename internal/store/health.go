@@ -177,8 +177,8 @@ type BacklogCount struct {
 // Backlog counts the deliveries waiting or in flight, per endpoint and
 // unfinished state. It reads the (endpoint_id, state) index.
 func (s *Store) Backlog(ctx context.Context) ([]BacklogCount, error) {
-	rows, err := s.DB.QueryContext(ctx, `SELECT endpoint_id, state, count(*) FROM txhook_deliveries
-WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT endpoint_id, state, count(*) FROM txhook_deliveries
+WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`))
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +196,7 @@ WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`)
 
 // DeadLettersByEndpoint counts the dead letters of each endpoint.
 func (s *Store) DeadLettersByEndpoint(ctx context.Context) (map[string]int, error) {
-	rows, err := s.DB.QueryContext(ctx, `SELECT endpoint_id, count(*) FROM txhook_dead_letters GROUP BY endpoint_id`)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT endpoint_id, count(*) FROM txhook_dead_letters GROUP BY endpoint_id`))
 	if err != nil {
 		return nil, err
 	}

@@ -100,6 +100,7 @@ func (s *Store) Close() error {
 // connection of a small pool: preparing takes one.
 func (s *Store) Prepare(ctx context.Context, queries ...string) error {
 	for _, q := range queries {
+		q = s.Rebind(q)
 		s.mu.Lock()
 		_, ok := s.stmts[q]
 		s.mu.Unlock()
@@ -121,8 +122,9 @@ func (s *Store) Prepare(ctx context.Context, queries ...string) error {
 	return nil
 }
 
-// stmtFor returns query, prepared by Prepare, bound to q when q is a
-// transaction; nil when there is no such statement or q cannot use it.
+// stmtFor returns query (rebound, see Rebind), prepared by Prepare, bound
+// to q when q is a transaction; nil when there is no such statement or q
+// cannot use it.
 // database/sql re-prepares it once per connection, on the transaction's own
 // connection, so this never waits for a second connection.
 func (s *Store) stmtFor(ctx context.Context, q Querier, query string) *sql.Stmt {
