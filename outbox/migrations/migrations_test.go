@@ -81,32 +81,6 @@ func golangMigrate(t *testing.T, db *testdb.DB) *migrate.Migrate {
 	return m
 }
 
-// tables lists the txhook tables db's statements see.
-func tables(t *testing.T, db *testdb.DB) []string {
-	t.Helper()
-	q := `SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'txhook%' ORDER BY name`
-	if db.Backend.Postgres() {
-		q = `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'txhook%' ORDER BY tablename`
-	}
-	rows, err := db.Query(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, n)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // deliver runs one event end to end on a migrated db: an endpoint, a
 // relay, an Enqueue committed with a business row, and the receiver
 // getting it.
@@ -179,8 +153,8 @@ func TestGooseAppliesTheFilesAndADeliveryRuns(t *testing.T) {
 		if _, err := p.DownTo(ctx, 0); err != nil {
 			t.Fatal(err)
 		}
-		if got := tables(t, db); len(got) != 0 {
-			t.Fatalf("tables left after goose down: %v", got)
+		if got := db.SchemaDump(t); got != "" {
+			t.Fatalf("left after goose down:\n%s", got)
 		}
 		if _, err := p.Up(ctx); err != nil {
 			t.Fatal(err)
@@ -204,8 +178,8 @@ func TestGolangMigrateAppliesTheFilesAndADeliveryRuns(t *testing.T) {
 		if err := m.Down(); err != nil {
 			t.Fatal(err)
 		}
-		if got := tables(t, db); len(got) != 0 {
-			t.Fatalf("tables left after migrate down: %v", got)
+		if got := db.SchemaDump(t); got != "" {
+			t.Fatalf("left after golang-migrate down:\n%s", got)
 		}
 		if err := m.Up(); err != nil {
 			t.Fatal(err)
@@ -228,7 +202,7 @@ func TestMigrateAndAToolDoNotCorruptEachOther(t *testing.T) {
 		if err := ob.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
-		before := schemaDump(t, db)
+		before := db.SchemaDump(t)
 		if _, err := gooseProvider(t, db).Up(ctx); err == nil || !strings.Contains(err.Error(), "already exists") {
 			t.Fatalf("goose up after Migrate: %v, want an 'already exists' failure", err)
 		}
@@ -236,7 +210,7 @@ func TestMigrateAndAToolDoNotCorruptEachOther(t *testing.T) {
 			t.Fatalf("golang-migrate up after Migrate: %v, want an 'already exists' failure", err)
 		}
 		dropToolTables(t, db)
-		if after := schemaDump(t, db); after != before {
+		if after := db.SchemaDump(t); after != before {
 			t.Fatalf("a failed tool run changed the schema:\n%s\n---\n%s", before, after)
 		}
 		deliver(t, db)
@@ -246,7 +220,7 @@ func TestMigrateAndAToolDoNotCorruptEachOther(t *testing.T) {
 		if _, err := gooseProvider(t, db2).Up(ctx); err != nil {
 			t.Fatal(err)
 		}
-		before = schemaDump(t, db2)
+		before = db2.SchemaDump(t)
 		ob2, err := outbox.New(ctx, db2.DB, outbox.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -258,7 +232,7 @@ func TestMigrateAndAToolDoNotCorruptEachOther(t *testing.T) {
 		if err := ob2.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if after := schemaDump(t, db2); after != before {
+		if after := db2.SchemaDump(t); after != before {
 			t.Fatalf("Migrate after goose changed the schema:\n%s\n---\n%s", before, after)
 		}
 		if res, err := gooseProvider(t, db2).Up(ctx); err != nil || len(res) != 0 {
@@ -276,37 +250,6 @@ func dropToolTables(t *testing.T, db *testdb.DB) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// schemaDump describes the txhook tables' columns and indexes, and the
-// recorded migrations.
-func schemaDump(t *testing.T, db *testdb.DB) string {
-	t.Helper()
-	queries := []string{
-		`SELECT m.name || '.' || p.name || ' ' || p.type || ' ' || p."notnull" || ' ' || coalesce(p.dflt_value, '') FROM sqlite_master m, pragma_table_info(m.name) p WHERE m.type = 'table' AND m.name LIKE 'txhook%' ORDER BY 1`,
-		`SELECT name || ' ' || coalesce(sql, '') FROM sqlite_master WHERE type = 'index' AND name LIKE 'txhook%' ORDER BY 1`,
-		`SELECT version || ' ' || name FROM txhook_migrations ORDER BY version`,
-	}
-	if db.Backend.Postgres() {
-		queries[0] = `SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '') FROM information_schema.columns WHERE table_schema = current_schema() AND table_name LIKE 'txhook%' ORDER BY 1`
-		queries[1] = `SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename LIKE 'txhook%' ORDER BY 1`
-	}
-	var b strings.Builder
-	for _, q := range queries {
-		rows, err := db.Query(q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			b.WriteString(s + "\n")
-		}
-		rows.Close()
-	}
-	return b.String()
 }
 
 // UpDown is a well-formed fs.FS holding an up and a down file per
