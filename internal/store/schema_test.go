@@ -32,8 +32,8 @@ func TestRebindQualifiesTablesInTheSchema(t *testing.T) {
 		// A new index takes its table's schema and cannot be qualified; an
 		// existing one is found through its schema.
 		"CREATE UNIQUE INDEX IF NOT EXISTS txhook_events_idem ON txhook_events (tenant)": `CREATE UNIQUE INDEX IF NOT EXISTS txhook_events_idem ON "webhooks".txhook_events (tenant)`,
-		"create index concurrently\n  txhook_x on txhook_attempts (id)":                 "create index concurrently\n  txhook_x on \"webhooks\".txhook_attempts (id)",
-		"DROP INDEX IF EXISTS txhook_x":                                                    `DROP INDEX IF EXISTS "webhooks".txhook_x`,
+		"create index concurrently\n  txhook_x on txhook_attempts (id)":                  "create index concurrently\n  txhook_x on \"webhooks\".txhook_attempts (id)",
+		"DROP INDEX IF EXISTS txhook_x":                                                  `DROP INDEX IF EXISTS "webhooks".txhook_x`,
 		// Comments pass through, apostrophes in them included.
 		"-- the event's txhook_events row\nSELECT 1 FROM txhook_events WHERE a = 'txhook_x'": "-- the event's txhook_events row\nSELECT 1 FROM \"webhooks\".txhook_events WHERE a = 'txhook_x'",
 		// Names that only contain txhook_ are not txhook's.
@@ -218,12 +218,15 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 					}
 					return err
 				},
-				"Attempts":              func() error { _, err := s.Attempts(ctx, claimed[0].ID); return err },
-				"AttemptsOfDeliveries":  func() error { _, err := s.AttemptsOfDeliveries(ctx, []int64{claimed[0].ID}); return err },
-				"Delivery":              func() error { _, err := s.Delivery(ctx, claimed[0].ID); return err },
-				"DeliveriesOfEvent":     func() error { _, err := s.DeliveriesOfEvent(ctx, ev.ID); return err },
-				"DeliveriesOfEndpoint":  func() error { _, err := s.DeliveriesOfEndpoint(ctx, ep.ID, &store.DeliveryCursor{}, 10); return err },
-				"EndpointHealth":        func() error { _, err := s.EndpointHealth(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour)); return err },
+				"Attempts":             func() error { _, err := s.Attempts(ctx, claimed[0].ID); return err },
+				"AttemptsOfDeliveries": func() error { _, err := s.AttemptsOfDeliveries(ctx, []int64{claimed[0].ID}); return err },
+				"Delivery":             func() error { _, err := s.Delivery(ctx, claimed[0].ID); return err },
+				"DeliveriesOfEvent":    func() error { _, err := s.DeliveriesOfEvent(ctx, ev.ID); return err },
+				"DeliveriesOfEndpoint": func() error { _, err := s.DeliveriesOfEndpoint(ctx, ep.ID, &store.DeliveryCursor{}, 10); return err },
+				"EndpointHealth": func() error {
+					_, err := s.EndpointHealth(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour))
+					return err
+				},
 				"Backlog":               func() error { _, err := s.Backlog(ctx); return err },
 				"DeadLettersByEndpoint": func() error { _, err := s.DeadLettersByEndpoint(ctx); return err },
 				"ListDead": func() error {
@@ -234,15 +237,21 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 				"EventPayload": func() error { _, _, _, err := s.EventPayload(ctx, ev.ID); return err },
 				"DeadIDs":      func() error { _, err := s.DeadIDs(ctx, store.DeadFilter{}, 0, 10); return err },
 				"ReplayDead":   func() error { _, err := s.ReplayDead(ctx, []int64{claimed[0].ID}, now); return err },
-				"PurgeDead":    func() error { _, err := s.PurgeDead(ctx, store.DeadFilter{IDs: []int64{claimed[1].ID}}, 10); return err },
+				"PurgeDead": func() error {
+					_, err := s.PurgeDead(ctx, store.DeadFilter{IDs: []int64{claimed[1].ID}}, 10)
+					return err
+				},
 				"RecordAttemptTimes": func() error {
 					_, err := s.RecordAttemptTimes(ctx, []store.AttemptTimes{{EndpointID: ep.ID, Failure: now}})
 					return err
 				},
-				"RepairHealth":   func() error { _, err := s.RepairHealth(ctx, []string{ep.ID}, 10); return err },
-				"EndpointIDs":    func() error { _, err := s.EndpointIDs(ctx, true, "", 10); return err },
-				"DisableFailing": func() error { _, _, err := s.DisableFailing(ctx, ep.ID, 0, now.Add(time.Hour), func(time.Time) string { return "failing" }); return err },
-				"DisableGone":    func() error { _, _, err := s.DisableGone(ctx, ep.ID, now, now, "gone"); return err },
+				"RepairHealth": func() error { _, err := s.RepairHealth(ctx, []string{ep.ID}, 10); return err },
+				"EndpointIDs":  func() error { _, err := s.EndpointIDs(ctx, true, "", 10); return err },
+				"DisableFailing": func() error {
+					_, _, err := s.DisableFailing(ctx, ep.ID, 0, now.Add(time.Hour), func(time.Time) string { return "failing" })
+					return err
+				},
+				"DisableGone":        func() error { _, _, err := s.DisableGone(ctx, ep.ID, now, now, "gone"); return err },
 				"SetEndpointEnabled": func() error { return s.SetEndpointEnabled(ctx, ep.ID, true, "", now) },
 				"RecoverCandidates": func() error {
 					_, err := s.RecoverCandidates(ctx, ep.ID, store.RecoverCursor{}, 10)
