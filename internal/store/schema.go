@@ -126,7 +126,10 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	where := "the search_path"
+	where := "the database"
+	if s.Dialect == Postgres {
+		where = "the search_path"
+	}
 	if s.schema != "" {
 		where = "schema " + s.schema
 	}

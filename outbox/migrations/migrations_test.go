@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -316,6 +317,24 @@ func TestFilesFollowTheFormat(t *testing.T) {
 		}
 		if !strings.Contains(m.Down, forget) {
 			t.Errorf("%s: down section lacks %s", m.Name, forget)
+		}
+	}
+}
+
+// The library's packages import neither migration tool: only these tests
+// do, so a team gets neither in its build by importing txhook.
+func TestLibraryImportsNoMigrationTool(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/txhook/txhook/outbox/...", "github.com/txhook/txhook/dlq",
+		"github.com/txhook/txhook/signer", "github.com/txhook/txhook/retry", "github.com/txhook/txhook/verify/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "github.com/txhook/txhook/outbox/migrations") {
+		t.Fatalf("go list output lacks this package:\n%s", out)
+	}
+	for _, tool := range []string{"github.com/pressly/goose", "github.com/golang-migrate/migrate"} {
+		if strings.Contains(string(out), tool) {
+			t.Errorf("a library package imports %s", tool)
 		}
 	}
 }
