@@ -56,6 +56,12 @@
 // pooled connection. Polling every RelayConfig.PollInterval remains as the
 // fallback.
 //
+// Migrate creates the tables; teams with goose or golang-migrate apply the
+// same files from package outbox/migrations and call CheckSchema instead.
+// Before that, Enqueue, CreateEndpoint and Relay.Start fail with
+// ErrNotMigrated. On PostgreSQL, Config.Schema puts the tables in a schema
+// of their own, named in every statement rather than set in a search_path.
+//
 // # Secrets at rest
 //
 // With Config.SecretCipher set (AESGCM, or a host's KMS behind Cipher),

@@ -131,6 +131,19 @@ type Config struct {
 	// off, at no cost.
 	TracerProvider trace.TracerProvider
 
+	// Schema is, on PostgreSQL, the schema that holds txhook's tables.
+	// Empty means wherever the connection's search_path finds them
+	// (normally public). Statements name the tables in it, so no
+	// search_path is set on any connection: a pool behind PgBouncer in
+	// transaction mode works. Migrate creates the schema if needed; with
+	// goose or golang-migrate, set search_path to it in the tool's
+	// connection string (see package outbox/migrations). Lowercase letters,
+	// digits and underscores; anything else, or a Schema on SQLite, fails
+	// New with ErrInvalidSchema. Relays of outboxes in different schemas of
+	// one database share the NOTIFY channel: a wake-up in one makes the
+	// others look for work once, and find none.
+	Schema string
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -192,9 +205,15 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	if cfg.NotifyInterval == 0 {
 		cfg.NotifyInterval = DefaultNotifyInterval
 	}
+	st := store.New(db, d)
+	if cfg.Schema != "" {
+		if err := st.SetSchema(cfg.Schema); err != nil {
+			return nil, err
+		}
+	}
 	o := &Outbox{
 		db:    db,
-		st:    store.New(db, d),
+		st:    st,
 		cfg:   cfg,
 		clock: clock.OrReal(cfg.Clock),
 		log:   cfg.Logger,
@@ -228,17 +247,33 @@ func (o *Outbox) DB() *sql.DB { return o.db }
 // Dialect returns "postgres" or "sqlite".
 func (o *Outbox) Dialect() string { return o.st.Dialect.String() }
 
-// Migrate creates or upgrades txhook's tables. It is idempotent and safe to
-// run from several processes at once; on SQLite it waits for the database
-// lock within ctx, as New does. The same schema is available as plain
-// SQL files under internal/store/migrations for teams that apply migrations
-// with their own tool.
+// Migrate creates or upgrades txhook's tables (in Config.Schema, if set),
+// applying in one transaction the files of package outbox/migrations that
+// txhook_migrations does not record yet. It is idempotent and safe to run
+// from several processes at once.
+//
+// Teams that apply migrations with goose or golang-migrate apply those
+// files with their tool instead, and call CheckSchema rather than Migrate:
+// use one or the other on a database. Migrate on a database a tool
+// migrated applies only what txhook_migrations lacks, which the tool then
+// does not know about (it fails, changing nothing, when it tries that
+// migration again); a tool on a database Migrate created fails on its
+// first migration, also changing nothing.
+// On SQLite it waits for the database lock within ctx, as New does.
 func (o *Outbox) Migrate(ctx context.Context) error {
 	if _, err := o.st.Migrate(ctx); err != nil {
 		return err
 	}
 	o.prepare(ctx)
 	return nil
+}
+
+// CheckSchema returns nil when the database has every migration this
+// version of txhook needs, however they were applied, and otherwise an
+// error wrapping ErrNotMigrated that names what is missing. Relay.Start
+// runs it; a service that migrates with its own tool can run it at start.
+func (o *Outbox) CheckSchema(ctx context.Context) error {
+	return o.st.CheckSchema(ctx)
 }
 
 // Close releases the Outbox's prepared statements. It does not close the
@@ -287,6 +322,17 @@ var (
 	ErrDNSUnavailable = safehttp.ErrDNSUnavailable
 	// ErrInvalidSecret: a supplied signing secret is not usable.
 	ErrInvalidSecret = signer.ErrInvalidSecret
+
+	// ErrNotMigrated: txhook's tables do not exist, or lack a migration
+	// this version of txhook needs (the error names it). Run Migrate, or
+	// apply the files of package outbox/migrations with your tool. Enqueue
+	// and CreateEndpoint return it when the database says a table or
+	// column is missing; Relay.Start and CheckSchema check the recorded
+	// migrations.
+	ErrNotMigrated = store.ErrNotMigrated
+	// ErrInvalidSchema: Config.Schema is not a name txhook accepts, or is
+	// set on SQLite.
+	ErrInvalidSchema = store.ErrInvalidSchema
 )
 
 func init() {

@@ -174,6 +174,9 @@ func (r *Relay) ID() string { return r.cfg.ID }
 // Start fails, with an error matching ErrSecretKey, when endpoint secrets
 // are stored encrypted under a key Config.SecretCipher cannot use (or with
 // no Cipher set): one endpoint per key ID in use is decrypted to check.
+//
+// It first checks the schema (see Outbox.CheckSchema) and fails with an
+// error wrapping ErrNotMigrated when a migration is missing.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -182,6 +185,9 @@ func (r *Relay) Start(ctx context.Context) error {
 			return ErrRelayStopped
 		}
 		return ErrRelayStarted
+	}
+	if err := r.st.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("txhook: relay start: %w", err)
 	}
 	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
 		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)

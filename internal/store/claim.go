@@ -267,7 +267,7 @@ func (e pendingEvent) fill(c *Claimed) {
 // payload, created_at, trace_parent, trace_state, then optionally
 // ordering_key and deliver_at by name), in order.
 func (s *Store) undispatched(ctx context.Context, q Querier, query string, args ...any) (map[string]pendingEvent, []string, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
+	rows, err := q.QueryContext(ctx, s.Rebind(query), args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -348,8 +348,8 @@ func (s *Store) DispatchKeyed(ctx context.Context, owner string, now time.Time, 
 	// the transaction below would cost them three round trips (and, on
 	// SQLite, the write lock) on every claim.
 	var probe int
-	err := s.DB.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM txhook_events
-WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL LIMIT 1) x`).Scan(&probe)
+	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*) FROM (SELECT 1 FROM txhook_events
+WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL LIMIT 1) x`)).Scan(&probe)
 	if err != nil || probe == 0 {
 		return nil, err
 	}
@@ -396,7 +396,7 @@ ORDER BY ep.id`
 			if _, err := q.ExecContext(ctx, s.Rebind(keyedMark), s.T(now), e.id); err != nil {
 				return err
 			}
-			rows, err := q.QueryContext(ctx, match, e.key, e.tenant, e.typ)
+			rows, err := q.QueryContext(ctx, s.Rebind(match), e.key, e.tenant, e.typ)
 			if err != nil {
 				return err
 			}
@@ -551,6 +551,7 @@ func (s *Store) Claim(ctx context.Context, owner string, now time.Time, lease ti
 
 // queryClaimed runs a PostgreSQL claim statement, prepared when possible.
 func (s *Store) queryClaimed(ctx context.Context, query string, limit int, args ...any) ([]Claimed, error) {
+	query = s.Rebind(query)
 	var rows *sql.Rows
 	var err error
 	if st := s.stmtFor(ctx, s.DB, query); st != nil {

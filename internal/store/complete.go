@@ -315,14 +315,15 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 	}
 	args := []any{string(cj), owner, s.T(now), string(aj)}
 	var q Querier = s.DB
-	if st := s.stmtFor(ctx, s.DB, pgComplete); st != nil {
+	query := s.Rebind(pgComplete)
+	if st := s.stmtFor(ctx, s.DB, query); st != nil {
 		res, err := st.QueryContext(ctx, args...)
 		if err != nil {
 			return nil, err
 		}
 		return scanIDs(res)
 	}
-	res, err := q.QueryContext(ctx, pgComplete, args...)
+	res, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -33,14 +33,15 @@ type EndpointRow struct {
 
 const endpointColumns = `id, tenant, url, description, event_types, secrets, enabled, disabled_reason, rate_limit, rate_burst, max_in_flight, versions, headers, client_cert, client_key, failing_since, last_success_at, last_failure_at, created_at, updated_at`
 
-// InsertEndpoint writes a new endpoint.
+// InsertEndpoint writes a new endpoint. An error that says the table or a
+// column is missing wraps ErrNotMigrated.
 func (s *Store) InsertEndpoint(ctx context.Context, q Querier, e EndpointRow) error {
 	_, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO txhook_endpoints (`+endpointColumns+`)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, ?, ?)`),
 		e.ID, e.Tenant, e.URL, e.Description, string(e.EventTypes), string(e.Secrets), e.Enabled,
 		e.DisabledReason, e.RateLimit, e.RateBurst, e.MaxInFlight, versionsJSON(e.Versions),
 		versionsJSON(e.Headers), e.ClientCert, e.ClientKey, s.T(e.CreatedAt), s.T(e.UpdatedAt))
-	return err
+	return NotMigrated(err)
 }
 
 // UpdateEndpoint overwrites the mutable columns of an endpoint.
@@ -113,7 +114,7 @@ func (s *Store) ListEndpoints(ctx context.Context, tenant string, all bool) ([]E
 	var rows *sql.Rows
 	var err error
 	if all {
-		rows, err = s.DB.QueryContext(ctx, `SELECT `+endpointColumns+` FROM txhook_endpoints ORDER BY tenant, id`)
+		rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints ORDER BY tenant, id`))
 	} else {
 		rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints WHERE tenant = ? ORDER BY id`), tenant)
 	}

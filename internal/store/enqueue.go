@@ -98,7 +98,8 @@ func (s *Store) EnqueueQueries(traced bool) []string {
 // is written and inserted is false: ConflictingEvents then reads what is
 // there. The statement never fails on a conflict, so on PostgreSQL the
 // caller's transaction stays usable. notified reports whether a PostgreSQL
-// wake-up was queued.
+// wake-up was queued. An error that says the table or a column is missing
+// wraps ErrNotMigrated.
 func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify bool) (inserted, notified bool, err error) {
 	var key, okey any
 	if ev.IdempotencyKey != "" {
@@ -127,7 +128,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 		res, err = s.insertTraced(ctx, q, ev, key, okey, notify)
 	}
 	if err != nil {
-		return false, false, err
+		return false, false, NotMigrated(err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -161,7 +162,7 @@ func (s *Store) insertTraced(ctx context.Context, q Querier, ev NewEvent, key, o
 func (s *Store) ConflictingEvents(ctx context.Context, q Querier, ev NewEvent) ([]NewEvent, error) {
 	rows, err := q.QueryContext(ctx, s.Rebind(conflictingEvents), ev.ID, ev.Tenant, ev.IdempotencyKey)
 	if err != nil {
-		return nil, err
+		return nil, NotMigrated(err)
 	}
 	defer rows.Close()
 	var out []NewEvent
@@ -180,6 +181,7 @@ func (s *Store) ConflictingEvents(ctx context.Context, q Querier, ev NewEvent) (
 
 // exec runs a hot statement, prepared when q allows it.
 func (s *Store) exec(ctx context.Context, q Querier, query string, args ...any) (sql.Result, error) {
+	query = s.Rebind(query)
 	if st := s.stmtFor(ctx, q, query); st != nil {
 		res, err := st.ExecContext(ctx, args...)
 		if !isForeignStmt(err) {

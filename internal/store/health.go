@@ -177,8 +177,8 @@ type BacklogCount struct {
 // Backlog counts the deliveries waiting or in flight, per endpoint and
 // unfinished state. It reads the (endpoint_id, state) index.
 func (s *Store) Backlog(ctx context.Context) ([]BacklogCount, error) {
-	rows, err := s.DB.QueryContext(ctx, `SELECT endpoint_id, state, count(*) FROM txhook_deliveries
-WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT endpoint_id, state, count(*) FROM txhook_deliveries
+WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`))
 	if err != nil {
 		return nil, err
 	}
@@ -198,15 +198,15 @@ WHERE state IN (`+unfinishedStates+`) GROUP BY endpoint_id, state`)
 // on the two partial indexes of undispatched events.
 func (s *Store) Undispatched(ctx context.Context) (int, error) {
 	var n int
-	err := s.DB.QueryRowContext(ctx, `SELECT
+	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT
     (SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL AND ordering_key IS NULL) +
-    (SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL)`).Scan(&n)
+    (SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL)`)).Scan(&n)
 	return n, err
 }
 
 // DeadLettersByEndpoint counts the dead letters of each endpoint.
 func (s *Store) DeadLettersByEndpoint(ctx context.Context) (map[string]int, error) {
-	rows, err := s.DB.QueryContext(ctx, `SELECT endpoint_id, count(*) FROM txhook_dead_letters GROUP BY endpoint_id`)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT endpoint_id, count(*) FROM txhook_dead_letters GROUP BY endpoint_id`))
 	if err != nil {
 		return nil, err
 	}

@@ -231,7 +231,7 @@ func (s *Store) RecordAttemptTimes(ctx context.Context, times []AttemptTimes) ([
 		if err != nil {
 			return nil, err
 		}
-		rows, err := s.DB.QueryContext(ctx, pgRecordHealth, string(b))
+		rows, err := s.DB.QueryContext(ctx, s.Rebind(pgRecordHealth), string(b))
 		if err != nil {
 			return nil, err
 		}
@@ -301,7 +301,7 @@ func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan 
 		if scan > 0 {
 			limit = scan
 		}
-		rows, err := q.QueryContext(ctx, pgRepairHealth, jsonStrings(ids), limit)
+		rows, err := q.QueryContext(ctx, s.Rebind(pgRepairHealth), jsonStrings(ids), limit)
 		if err != nil {
 			return nil, err
 		}
@@ -425,7 +425,7 @@ func (s *Store) DisableFailing(ctx context.Context, id string, after time.Durati
 		if s.Dialect == Postgres {
 			// Locked first, so that the statements after this one see every
 			// attempt committed before it was granted.
-			if _, err := q.ExecContext(ctx, `SELECT 1 FROM txhook_endpoints WHERE id = $1 FOR NO KEY UPDATE`, id); err != nil {
+			if _, err := q.ExecContext(ctx, s.Rebind(`SELECT 1 FROM txhook_endpoints WHERE id = $1 FOR NO KEY UPDATE`), id); err != nil {
 				return err
 			}
 		}

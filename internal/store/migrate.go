@@ -2,65 +2,41 @@ package store
 
 import (
 	"context"
-	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"sort"
-	"strconv"
-	"strings"
 
+	"github.com/txhook/txhook/internal/migfile"
 	"github.com/txhook/txhook/internal/sqlitelock"
+	"github.com/txhook/txhook/outbox/migrations"
 )
 
-//go:embed migrations
-var migrationFS embed.FS
+// Migration is one versioned schema file of package outbox/migrations.
+type Migration = migfile.Migration
 
-// Migration is one versioned schema file.
-type Migration struct {
-	Version int
-	Name    string
-	SQL     string
-}
-
-// Migrations returns the dialect's migrations in order.
+// Migrations returns the dialect's migrations in order: the files of
+// package outbox/migrations, which goose and golang-migrate apply too.
 func Migrations(d Dialect) ([]Migration, error) {
-	dir := path.Join("migrations", d.String())
-	entries, err := fs.ReadDir(migrationFS, dir)
-	if err != nil {
-		return nil, err
+	switch d {
+	case Postgres:
+		return migfile.List(migrations.Postgres)
+	case SQLite:
+		return migfile.List(migrations.SQLite)
 	}
-	var out []Migration
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".sql") {
-			continue
-		}
-		num, _, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("txhook: migration file %s has no version prefix", name)
-		}
-		b, err := migrationFS.ReadFile(path.Join(dir, name))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(name, ".sql"), SQL: string(b)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out, nil
+	return nil, fmt.Errorf("txhook: no migrations for dialect %s", d)
 }
 
 // migrationLockKey is the advisory lock that serialises concurrent
 // migrations on PostgreSQL ("txhook" in ASCII).
 const migrationLockKey = 0x747868_6f6f6b
 
-// Migrate applies the migrations the database does not have yet, each
-// version recorded in txhook_migrations. It is idempotent, and two processes
-// migrating at once are serialised: an advisory lock on PostgreSQL, the
-// database write lock on SQLite. On SQLite, a lock error that did not wait
-// on the busy handler (see package sqlitelock) rolls the transaction back
-// and runs it again, within ctx.
+// Migrate applies the up sections of the migrations that txhook_migrations
+// does not record yet, in one transaction; each migration records itself in
+// that table. It is idempotent, and two processes migrating at once are
+// serialised: an advisory lock on PostgreSQL, the database write lock on
+// SQLite. With a schema set (SetSchema) it creates the schema if needed and
+// applies the files there, through a search_path local to its transaction.
+// On SQLite, a lock error that did not wait on the busy handler (see
+// package sqlitelock) rolls the transaction back and runs it again, within
+// ctx.
 func (s *Store) Migrate(ctx context.Context) (applied []int, err error) {
 	ms, err := Migrations(s.Dialect)
 	if err != nil {
@@ -87,41 +63,41 @@ func (s *Store) migrate(ctx context.Context, ms []Migration) (applied []int, err
 			if _, err := q.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLockKey)); err != nil {
 				return err
 			}
-		}
-		create := `CREATE TABLE IF NOT EXISTS txhook_migrations (
-			version    integer PRIMARY KEY,
-			name       text    NOT NULL,
-			applied_at ` + map[Dialect]string{Postgres: "timestamptz NOT NULL DEFAULT now()", SQLite: "INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))"}[s.Dialect] + `
-		)`
-		if _, err := q.ExecContext(ctx, create); err != nil {
-			return err
+			if s.schema != "" {
+				if _, err := q.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS "`+s.schema+`"`); err != nil {
+					return err
+				}
+				if _, err := q.ExecContext(ctx, `SET LOCAL search_path TO "`+s.schema+`"`); err != nil {
+					return err
+				}
+			}
 		}
 		have := map[int]bool{}
-		rows, err := q.QueryContext(ctx, "SELECT version FROM txhook_migrations")
+		ok, err := s.tableExists(ctx, q, "txhook_migrations")
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var v int
-			if err := rows.Scan(&v); err != nil {
-				rows.Close()
+		if ok {
+			if have, err = s.versions(ctx, q); err != nil {
 				return err
 			}
-			have[v] = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		} else if ok, err = s.tableExists(ctx, q, "txhook_events"); err != nil {
 			return err
+		} else if ok {
+			return fmt.Errorf("txhook: migrate: txhook_events exists but txhook_migrations does not, so which migrations were applied is unknown; record them as outbox/migrations/README.md (Baseline) shows")
 		}
 		for _, m := range ms {
 			if have[m.Version] {
 				continue
 			}
-			if _, err := q.ExecContext(ctx, m.SQL); err != nil {
+			if _, err := q.ExecContext(ctx, m.Up); err != nil {
 				return fmt.Errorf("txhook: migration %s: %w", m.Name, err)
 			}
-			if _, err := q.ExecContext(ctx, s.Rebind("INSERT INTO txhook_migrations (version, name) VALUES (?, ?)"), m.Version, m.Name); err != nil {
+			if have, err = s.versions(ctx, q); err != nil {
 				return err
+			}
+			if !have[m.Version] {
+				return fmt.Errorf("txhook: migration %s did not record version %d in txhook_migrations", m.Name, m.Version)
 			}
 			applied = append(applied, m.Version)
 		}

@@ -200,10 +200,10 @@ WHERE endpoint_id = ? AND ordering_key = ? AND state IN ('pending', 'running', '
 		// the events' order: blocked deliveries are released lowest ID first.
 		var res sql.Result
 		if s.Dialect == Postgres {
-			res, err = q.ExecContext(ctx, `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, ordering_key, next_attempt_at, created_at, updated_at)
+			res, err = q.ExecContext(ctx, s.Rebind(`INSERT INTO txhook_deliveries (event_id, endpoint_id, state, ordering_key, next_attempt_at, created_at, updated_at)
 SELECT x.event_id, $1, x.state, x.key, `+s.notBefore("$2", "x.event_id")+`, $2, $2
 FROM ROWS FROM (jsonb_to_recordset($3::jsonb) AS (event_id text, state text, key text)) WITH ORDINALITY AS x(event_id, state, key, n)
-ORDER BY x.n`, endpointID, s.T(now), string(b))
+ORDER BY x.n`), endpointID, s.T(now), string(b))
 		} else {
 			res, err = q.ExecContext(ctx, `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, ordering_key, next_attempt_at, created_at, updated_at)
 SELECT json_extract(value, '$.event_id'), ?1, json_extract(value, '$.state'), json_extract(value, '$.key'),

@@ -48,7 +48,7 @@ func (s *Store) SecretKeySamples(ctx context.Context) ([]EndpointSecrets, error)
 	if s.Dialect == Postgres {
 		q = `SELECT MIN(id) FROM txhook_endpoints WHERE jsonb_typeof(secrets) = 'object' GROUP BY secrets->>'kid'`
 	}
-	rows, err := s.DB.QueryContext(ctx, q)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(q))
 	if err != nil {
 		return nil, err
 	}

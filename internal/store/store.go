@@ -68,6 +68,9 @@ type Store struct {
 	DB      *sql.DB
 	Dialect Dialect
 
+	schema string // see SetSchema
+	prefix string // `"schema".`, or "" for the search_path
+
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt
 }
@@ -97,6 +100,7 @@ func (s *Store) Close() error {
 // connection of a small pool: preparing takes one.
 func (s *Store) Prepare(ctx context.Context, queries ...string) error {
 	for _, q := range queries {
+		q = s.Rebind(q)
 		s.mu.Lock()
 		_, ok := s.stmts[q]
 		s.mu.Unlock()
@@ -118,8 +122,9 @@ func (s *Store) Prepare(ctx context.Context, queries ...string) error {
 	return nil
 }
 
-// stmtFor returns query, prepared by Prepare, bound to q when q is a
-// transaction; nil when there is no such statement or q cannot use it.
+// stmtFor returns query (rebound, see Rebind), prepared by Prepare, bound
+// to q when q is a transaction; nil when there is no such statement or q
+// cannot use it.
 // database/sql re-prepares it once per connection, on the transaction's own
 // connection, so this never waits for a second connection.
 func (s *Store) stmtFor(ctx context.Context, q Querier, query string) *sql.Stmt {
@@ -206,10 +211,13 @@ func (t *Time) parse(s string) error {
 // Value implements driver.Valuer for completeness; queries use T instead.
 func (t Time) Value() (driver.Value, error) { return t.Time, nil }
 
-// Rebind turns ? placeholders into $1, $2 … for PostgreSQL. Queries in this
-// package never contain a literal question mark.
+// Rebind readies a statement for the Store, and every PostgreSQL statement
+// passes through it: it turns ? placeholders into $1, $2 … and, when a
+// schema is set (SetSchema), names txhook's tables in it. Queries in this
+// package never contain a literal question mark. A statement already in
+// its final form comes back unchanged.
 func (s *Store) Rebind(q string) string {
-	if s.Dialect != Postgres {
+	if s.Dialect != Postgres || s.prefix == "" && strings.IndexByte(q, '?') < 0 {
 		return q
 	}
 	var b strings.Builder
@@ -224,6 +232,13 @@ func (s *Store) Rebind(q string) string {
 		}
 		b.WriteByte(q[i])
 	}
+	if s.prefix == "" {
+		return b.String()
+	}
+	out := b.String()
+	b.Reset()
+	b.Grow(len(out) + 128)
+	s.qualify(&b, out)
 	return b.String()
 }
 

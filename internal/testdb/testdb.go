@@ -210,3 +210,48 @@ func HoldSQLiteLock(t testing.TB, path string) (release func()) {
 	t.Cleanup(release)
 	return release
 }
+
+// SchemaDump describes what of txhook's schema db's statements see (on
+// PostgreSQL, the current schema): every txhook table's columns, its
+// indexes, and the migrations txhook_migrations records. Empty when there
+// is no txhook table.
+func (db *DB) SchemaDump(t testing.TB) string {
+	t.Helper()
+	queries := []string{
+		`SELECT m.name || '.' || p.name || ' ' || p.type || ' ' || p."notnull" || ' ' || coalesce(p.dflt_value, '') FROM sqlite_master m, pragma_table_info(m.name) p WHERE m.type = 'table' AND m.name LIKE 'txhook%' ORDER BY 1`,
+		`SELECT name || ' ' || coalesce(sql, '') FROM sqlite_master WHERE type = 'index' AND name LIKE 'txhook%' ORDER BY 1`,
+	}
+	if db.Backend.Postgres() {
+		queries = []string{
+			`SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '') FROM information_schema.columns WHERE table_schema = current_schema() AND table_name LIKE 'txhook%' ORDER BY 1`,
+			`SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename LIKE 'txhook%' ORDER BY 1`,
+		}
+	}
+	var b strings.Builder
+	for _, q := range queries {
+		db.dumpRows(t, &b, q)
+	}
+	if strings.Contains(b.String(), "txhook_migrations.version ") {
+		db.dumpRows(t, &b, `SELECT version || ' ' || name FROM txhook_migrations ORDER BY version`)
+	}
+	return b.String()
+}
+
+func (db *DB) dumpRows(t testing.TB, b *strings.Builder, query string) {
+	t.Helper()
+	rows, err := db.Query(query)
+	if err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(s + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+}

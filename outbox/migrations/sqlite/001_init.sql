@@ -3,6 +3,8 @@
 -- Times are integers: microseconds since the Unix epoch, UTC, so that they
 -- compare and index correctly. JSON columns are text checked with json_valid.
 
+-- +goose Up
+
 CREATE TABLE txhook_endpoints (
     id              TEXT    PRIMARY KEY,
     tenant          TEXT    NOT NULL,
@@ -96,3 +98,20 @@ CREATE INDEX txhook_dead_letters_failed ON txhook_dead_letters (failed_at, deliv
 CREATE INDEX txhook_dead_letters_tenant ON txhook_dead_letters (tenant, failed_at);
 CREATE INDEX txhook_dead_letters_endpoint ON txhook_dead_letters (endpoint_id, failed_at);
 CREATE INDEX txhook_dead_letters_event ON txhook_dead_letters (event_id);
+
+-- Each migration records itself here, whichever tool applies it: the
+-- relay checks this table at start for the migrations it needs.
+CREATE TABLE IF NOT EXISTS txhook_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))
+);
+INSERT INTO txhook_migrations (version, name) VALUES (1, '001_init');
+
+-- +goose Down
+DROP TABLE txhook_dead_letters;
+DROP TABLE txhook_attempts;
+DROP TABLE txhook_deliveries;
+DROP TABLE txhook_events;
+DROP TABLE txhook_endpoints;
+DROP TABLE txhook_migrations;

@@ -5,6 +5,8 @@
 -- first with CREATE INDEX CONCURRENTLY (same names and definitions) so that
 -- this migration does not hold a write lock while they are built.
 
+-- +goose Up
+
 -- One endpoint's deliveries, newest first, paged on (created_at, id).
 CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_created
     ON txhook_deliveries (endpoint_id, created_at, id);
@@ -14,3 +16,10 @@ CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_created
 -- this partial index stays small and costs nothing on a successful attempt.
 CREATE INDEX IF NOT EXISTS txhook_attempts_endpoint_failed
     ON txhook_attempts (endpoint_id, started_at) WHERE error <> '';
+
+INSERT INTO txhook_migrations (version, name) VALUES (2, '002_ops_indexes');
+
+-- +goose Down
+DROP INDEX IF EXISTS txhook_attempts_endpoint_failed;
+DROP INDEX IF EXISTS txhook_deliveries_endpoint_created;
+DELETE FROM txhook_migrations WHERE version = 2;

@@ -1,6 +1,8 @@
 -- txhook schema, version 3 (SQLite): endpoint health derived from the
 -- attempt log. See the PostgreSQL file of the same version for the why.
 
+-- +goose Up
+
 -- Start of the endpoint's latest successful attempt (a 2xx), and of its
 -- latest failed attempt; NULL when there was none. failing_since is set
 -- exactly when last_failure_at is later than last_success_at (or there was
@@ -32,3 +34,13 @@ END;
 -- The endpoints in a run of failures, for the relays' health sweep.
 CREATE INDEX IF NOT EXISTS txhook_endpoints_failing
     ON txhook_endpoints (id) WHERE failing_since IS NOT NULL;
+
+INSERT INTO txhook_migrations (version, name) VALUES (3, '003_endpoint_health');
+
+-- +goose Down
+-- failing_since keeps the values the backfill repaired: they are right for
+-- version 2 too.
+DROP INDEX IF EXISTS txhook_endpoints_failing;
+ALTER TABLE txhook_endpoints DROP COLUMN last_failure_at;
+ALTER TABLE txhook_endpoints DROP COLUMN last_success_at;
+DELETE FROM txhook_migrations WHERE version = 3;

@@ -10,6 +10,8 @@
 -- does not matter, and failing_since is recomputed from them and from the
 -- failed attempts on record.
 
+-- +goose Up
+
 -- Start of the endpoint's latest successful attempt (a 2xx), and of its
 -- latest failed attempt; NULL when there was none. failing_since is set
 -- exactly when last_failure_at is later than last_success_at (or there was
@@ -48,3 +50,14 @@ WHERE ep.id = h.id;
 -- The endpoints in a run of failures, for the relays' health sweep.
 CREATE INDEX IF NOT EXISTS txhook_endpoints_failing
     ON txhook_endpoints (id) WHERE failing_since IS NOT NULL;
+
+INSERT INTO txhook_migrations (version, name) VALUES (3, '003_endpoint_health');
+
+-- +goose Down
+-- failing_since keeps the values the backfill repaired: they are right for
+-- version 2 too.
+DROP INDEX IF EXISTS txhook_endpoints_failing;
+ALTER TABLE txhook_endpoints
+    DROP COLUMN IF EXISTS last_failure_at,
+    DROP COLUMN IF EXISTS last_success_at;
+DELETE FROM txhook_migrations WHERE version = 3;

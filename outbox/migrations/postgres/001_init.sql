@@ -1,7 +1,8 @@
 -- txhook schema, version 1 (PostgreSQL).
 --
--- Applied by outbox.Migrate; teams with their own migration tool can apply
--- the files of this directory in order instead and record nothing else.
+-- Applied by outbox.Migrate, or by goose or golang-migrate (see README.md).
+
+-- +goose Up
 
 CREATE TABLE txhook_endpoints (
     id              text        PRIMARY KEY,
@@ -128,3 +129,20 @@ CREATE INDEX txhook_dead_letters_event ON txhook_dead_letters (event_id);
 -- or claims slow down (3x measured after a million deliveries).
 ALTER TABLE txhook_events SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 ALTER TABLE txhook_deliveries SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+-- Each migration records itself here, whichever tool applies it: the
+-- relay checks this table at start for the migrations it needs.
+CREATE TABLE IF NOT EXISTS txhook_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO txhook_migrations (version, name) VALUES (1, '001_init');
+
+-- +goose Down
+DROP TABLE txhook_dead_letters;
+DROP TABLE txhook_attempts;
+DROP TABLE txhook_deliveries;
+DROP TABLE txhook_events;
+DROP TABLE txhook_endpoints;
+DROP TABLE txhook_migrations;
