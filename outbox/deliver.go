@@ -94,7 +94,7 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 	}
 
 	res := r.client.PostCert(r.httpCtx, c.URL, h, body, cert)
-	if res.Err != nil && refusedByRules(res) && r.httpCtx.Err() == nil {
+	if res.Err != nil && refusedByRules(res, c.URL) && r.httpCtx.Err() == nil {
 		return r.refuse(out, now, c.EndpointID, res.Err), 0
 	}
 	rec := store.AttemptRecord{

@@ -3,6 +3,8 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"net/url"
 	"sync"
 	"time"
 
@@ -41,10 +43,27 @@ func explainTarget(err error) error {
 }
 
 // refusedByRules reports whether res failed because this relay's target
-// rules refuse the endpoint's own URL (not a redirect's): plain http
-// without AllowHTTP, or an address the guard forbids.
-func refusedByRules(res safehttp.Result) bool {
-	return res.Redirects == 0 && (errors.Is(res.Err, ErrInsecureURL) || errors.Is(res.Err, ErrForbiddenTarget))
+// rules refuse the endpoint's URL itself, whatever DNS says: plain http
+// without AllowHTTP, or an IP-literal host the guard forbids. A name that
+// resolves to a forbidden address is not one: DNS changes (and rebinding
+// is an attack), so that is a failed attempt like any other. Nor is a
+// redirect: that is the receiver's doing.
+func refusedByRules(res safehttp.Result, rawURL string) bool {
+	if res.Redirects != 0 {
+		return false
+	}
+	if errors.Is(res.Err, ErrInsecureURL) {
+		return true
+	}
+	if !errors.Is(res.Err, ErrForbiddenTarget) {
+		return false
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return false
+	}
+	_, err = netip.ParseAddr(u.Hostname())
+	return err == nil
 }
 
 // refuse hands a delivery back without spending its attempt, due in

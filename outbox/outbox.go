@@ -68,15 +68,19 @@ type Config struct {
 	// rules. CreateEndpoint and UpdateEndpoint apply them to the URL, and
 	// each relay to every connection it makes, with the rules of the
 	// Outbox it was made from. Relays sharing a database should share the
-	// rules; if they differ, a relay that refuses an endpoint by its rules
-	// spends none of the delivery's attempts: it hands the delivery back,
+	// rules; if they differ, a relay whose rules refuse an endpoint's URL
+	// itself (plain http, or an IP-literal host it forbids) spends none of
+	// the delivery's attempts: it hands the delivery back,
 	// due again in RefusedRetryDelay (for any relay: one whose rules allow
 	// the endpoint delivers it), with a last error that names the rule
 	// and the field that sets it, logs a warning (once a minute per
 	// endpoint) and counts it in RelayStats.Refused. Such a delivery never
 	// dead-letters while it is refused: change the rules, or the
-	// endpoint's URL, or disable the endpoint. A redirect to a refused
-	// target is an ordinary failed attempt.
+	// endpoint's URL, or disable the endpoint. A host name that resolves,
+	// when the relay connects, to an address its rules forbid is an
+	// ordinary failed attempt, retried and in the end dead-lettered: DNS
+	// changes, and a name that turns private after registration may be
+	// DNS rebinding. So is a redirect to a refused target.
 	AllowHTTP bool
 
 	// AllowPrivateTargets allows endpoint URLs that resolve to loopback,
