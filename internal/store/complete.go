@@ -328,12 +328,7 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 	return scanIDs(res)
 }
 
-func scanIDs(rows interface {
-	Next() bool
-	Scan(...any) error
-	Err() error
-	Close() error
-}) ([]int64, error) {
+func scanIDs(rows Rows) ([]int64, error) {
 	defer rows.Close()
 	var out []int64
 	for rows.Next() {
@@ -396,13 +391,14 @@ func sqlState(err error) string {
 	return ""
 }
 
-// sqliteCode returns the result codes of a SQLite error from
-// mattn/go-sqlite3 (read by reflection so that PostgreSQL users need not
-// link cgo) or from a driver whose errors have a Code method.
+// sqliteCode returns the primary and extended result codes of a SQLite
+// error from mattn/go-sqlite3 (read by reflection so that PostgreSQL users
+// need not link cgo) or from a driver whose errors have a Code method
+// returning the extended code, as modernc.org/sqlite's do.
 func sqliteCode(err error) (code, ext int, ok bool) {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		if c, isCoder := e.(interface{ Code() int }); isCoder {
-			return c.Code(), c.Code(), true
+			return c.Code() & 0xff, c.Code(), true
 		}
 		v := reflect.ValueOf(e)
 		if v.Kind() == reflect.Pointer && !v.IsNil() {

@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/metrics"
 	"github.com/txhook/txhook/retry"
@@ -28,9 +29,7 @@ func newOutbox(t *testing.T, db *testdb.DB) (*outbox.Outbox, context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if db.Backend.Driver == "postgres" {
-		cfg.ListenDSN = db.DSN
-	}
+	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {
 		t.Fatal(err)
