@@ -50,8 +50,9 @@ var (
 )
 
 // SQLiteBackends are the SQLite drivers of this build: mattn/go-sqlite3
-// (first, the default) and modernc.org/sqlite with cgo, modernc.org/sqlite
-// alone without.
+// (first, the default) and modernc.org/sqlite with cgo, mattn/go-sqlite3
+// alone under the race detector (see mattn.go), modernc.org/sqlite alone
+// without cgo.
 var SQLiteBackends = sqliteBackends
 
 // PostgresBackends are PostgreSQL through both drivers.

@@ -83,14 +83,7 @@ func event(key, payload string) outbox.Event {
 func TestEnqueueTxRollbackLeavesNothing(t *testing.T) {
 	e := setup(t, outbox.Config{})
 	watch := e.listen(t)
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := backendPID(t, e.ctx, tx)
-	if _, err := tx.Exec(e.ctx, `INSERT INTO payments VALUES ('pay_1', 1200)`); err != nil {
-		t.Fatal(err)
-	}
+	tx, pid := e.pay(t)
 	if _, err := pgxoutbox.Enqueue(e.ctx, e.ob, tx, event("pay_1", `{"id":"pay_1"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -153,13 +146,23 @@ func (e *env) next(t *testing.T, c *pgx.Conn) *pgconn.Notification {
 	return n
 }
 
-func backendPID(t *testing.T, ctx context.Context, tx pgx.Tx) uint32 {
+// pay begins a transaction that records a payment, and returns it with
+// the process ID of its connection, which its notifications carry.
+func (e *env) pay(t *testing.T) (pgx.Tx, uint32) {
 	t.Helper()
-	var pid uint32
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+	tx, err := e.pool.Begin(e.ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return pid
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	var pid uint32
+	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `INSERT INTO payments VALUES ('pay_1', 1200)`); err != nil {
+		t.Fatal(err)
+	}
+	return tx, pid
 }
 
 // watched reports the wake-ups a Listener gives a relay.
@@ -211,14 +214,7 @@ func TestEnqueueTxCommitWakesRelayOnPool(t *testing.T) {
 	}
 
 	watch := e.listen(t)
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := backendPID(t, e.ctx, tx)
-	if _, err := tx.Exec(e.ctx, `INSERT INTO payments VALUES ('pay_1', 1200)`); err != nil {
-		t.Fatal(err)
-	}
+	tx, pid := e.pay(t)
 	id, err := pgxoutbox.Enqueue(e.ctx, e.ob, tx, event("pay_1", `{"id":"pay_1"}`))
 	if err != nil {
 		t.Fatal(err)
