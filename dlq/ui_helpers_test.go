@@ -16,6 +16,7 @@ import (
 
 	"github.com/txhook/txhook/dlq"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -46,9 +47,7 @@ func newOutbox(t *testing.T, db *testdb.DB, cfg outbox.Config) (*outbox.Outbox, 
 	if cfg.Logger == nil {
 		cfg.Logger = quiet()
 	}
-	if db.Backend.Driver == "postgres" {
-		cfg.ListenDSN = db.DSN
-	}
+	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -84,7 +84,7 @@ func TestChaosRelaysKilledUnderFailingReceivers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills relay processes for a minute")
 	}
-	db := testdb.Open(t, testdb.Backends[2])
+	db := testdb.Open(t, testdb.PGX)
 	b := setup(t, db, outbox.Config{})
 
 	// Receivers: one server, one path per endpoint; 20% of requests get a

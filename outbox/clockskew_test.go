@@ -13,6 +13,7 @@ import (
 
 	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -85,9 +86,7 @@ func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 		var normalLog, fastLog logBuffer
 		b := setup(t, db, outbox.Config{Logger: normalLog.logger()})
 		fastCfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Clock: skewedClock{skew}, Logger: fastLog.logger()}
-		if db.Backend.Postgres() {
-			fastCfg.ListenDSN = db.DSN
-		}
+		fastCfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 		fastOB, err := outbox.New(b.ctx, db.DB, fastCfg)
 		if err != nil {
 			t.Fatal(err)

@@ -245,7 +245,7 @@ func TestOrderedDeliveryAcrossRelayProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts subprocesses")
 	}
-	for _, be := range testdb.Backends[1:] {
+	for _, be := range testdb.PostgresBackends {
 		t.Run(be.Name, func(t *testing.T) {
 			db := testdb.Open(t, be)
 			b := setup(t, db, outbox.Config{})

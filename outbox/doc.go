@@ -47,14 +47,16 @@
 //
 // # Databases
 //
-// SQLite (mattn/go-sqlite3) is the embedded default, for single-process
-// applications: open it with SQLiteDSN. PostgreSQL, through lib/pq or pgx's
-// database/sql driver, is the production path: any number of relays on any
-// number of hosts share one outbox, claiming with FOR UPDATE SKIP LOCKED.
-// Enqueue wakes them with a NOTIFY sent at commit; with lib/pq the relay
-// needs Config.ListenDSN for its listening connection, with pgx it uses one
-// pooled connection. Polling every RelayConfig.PollInterval remains as the
-// fallback.
+// SQLite is the embedded default, for single-process applications, through
+// mattn/go-sqlite3 (cgo) or modernc.org/sqlite (pure Go): open it with
+// SQLiteDSN. PostgreSQL, through lib/pq or pgx, is the production path: any
+// number of relays on any number of hosts share one outbox, claiming with
+// FOR UPDATE SKIP LOCKED. Enqueue wakes them with a NOTIFY sent at commit,
+// which a relay hears through Config.Listener: pgxoutbox.Listener for pgx,
+// pqlisten.New for lib/pq. Polling every RelayConfig.PollInterval remains
+// as the fallback. Teams on pgxpool enqueue in a pgx.Tx with
+// pgxoutbox.Enqueue and run relays on the pool with pgxoutbox.New. This
+// package imports no database driver.
 //
 // Migrate creates the tables; teams with goose or golang-migrate apply the
 // same files from package outbox/migrations and call CheckSchema instead.

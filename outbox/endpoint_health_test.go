@@ -198,7 +198,7 @@ func TestDisableAfterCountsEveryRelaysAttempts(t *testing.T) {
 // orders, at the same time: nothing deadlocks (40P01 was seen with three
 // relays) and nothing fails.
 func TestRecordingEndpointHealthNeverDeadlocks(t *testing.T) {
-	for _, be := range testdb.Backends[1:] {
+	for _, be := range testdb.PostgresBackends {
 		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
 			db := testdb.Open(t, be)

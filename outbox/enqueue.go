@@ -151,13 +151,19 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, ev Event) (string, error) {
 // PostgreSQL's default; under REPEATABLE READ or SERIALIZABLE the second
 // fails with a serialization error instead, as any write would.
 func (o *Outbox) EnqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+	return o.enqueue(ctx, o.st.SQLConn(tx), ev)
+}
+
+// enqueue is EnqueueDetail on any driver's connection: database/sql's, or
+// pgx's through pgxoutbox.
+func (o *Outbox) enqueue(ctx context.Context, tx store.Conn, ev Event) (Enqueued, error) {
 	if o.tracer != nil {
 		return o.enqueueTraced(ctx, tx, ev)
 	}
 	return o.enqueueDetail(ctx, tx, ev)
 }
 
-func (o *Outbox) enqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+func (o *Outbox) enqueueDetail(ctx context.Context, tx store.Conn, ev Event) (Enqueued, error) {
 	if !ev.DeliverAt.IsZero() {
 		return o.enqueueDelayed(ctx, tx, ev)
 	}
@@ -206,7 +212,7 @@ func (o *Outbox) enqueueDetail(ctx context.Context, tx Tx, ev Event) (Enqueued, 
 
 // insertEvent inserts row or, when it collides, decides whether the stored
 // event is the same one.
-func (o *Outbox) insertEvent(ctx context.Context, tx Tx, row store.NewEvent, explicitID, notify bool) (Enqueued, bool, error) {
+func (o *Outbox) insertEvent(ctx context.Context, tx store.Conn, row store.NewEvent, explicitID, notify bool) (Enqueued, bool, error) {
 	// A colliding event can vanish between the insert and the read (the
 	// retention purge): then the insert is simply tried again.
 	for try := 0; try < 3; try++ {

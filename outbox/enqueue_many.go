@@ -56,12 +56,12 @@ func (e *BatchError) Unwrap() error { return e.Err }
 // context, so each event's attempts continue the caller's trace.
 func (o *Outbox) EnqueueMany(ctx context.Context, tx Tx, evs []Event) ([]Enqueued, error) {
 	if o.tracer != nil {
-		return o.enqueueManyTraced(ctx, tx, evs)
+		return o.enqueueManyTraced(ctx, o.st.SQLConn(tx), evs)
 	}
-	return o.enqueueMany(ctx, tx, evs)
+	return o.enqueueMany(ctx, o.st.SQLConn(tx), evs)
 }
 
-func (o *Outbox) enqueueMany(ctx context.Context, tx Tx, evs []Event) ([]Enqueued, error) {
+func (o *Outbox) enqueueMany(ctx context.Context, tx store.Conn, evs []Event) ([]Enqueued, error) {
 	now := o.clock.Now()
 	rows := make([]store.NewEvent, len(evs))
 	explicit := make([]bool, len(evs))
@@ -195,7 +195,7 @@ func deliverAt(at, now time.Time) (time.Time, error) {
 // resolve decides what an event that InsertEvents skipped ran into, as
 // insertEvent does for one event; if the stored event disappeared
 // meanwhile (retention), it inserts row again and reports it in inserted.
-func (o *Outbox) resolve(ctx context.Context, tx Tx, row store.NewEvent, explicitID bool) (Enqueued, map[string]bool, error) {
+func (o *Outbox) resolve(ctx context.Context, tx store.Conn, row store.NewEvent, explicitID bool) (Enqueued, map[string]bool, error) {
 	for try := 0; try < 3; try++ {
 		found, err := o.st.ConflictingEvents(ctx, tx, row)
 		if err != nil {
@@ -230,7 +230,7 @@ func (o *Outbox) notifySlot() (ok bool, last, at int64) {
 
 // enqueueDelayed is EnqueueDetail for an event with a DeliverAt: the batch
 // path writes the column, and its error is returned unwrapped.
-func (o *Outbox) enqueueDelayed(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+func (o *Outbox) enqueueDelayed(ctx context.Context, tx store.Conn, ev Event) (Enqueued, error) {
 	res, err := o.enqueueMany(ctx, tx, []Event{ev})
 	if be := (*BatchError)(nil); errors.As(err, &be) {
 		return Enqueued{}, be.Err

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	_ "github.com/mattn/go-sqlite3"
+	_ "modernc.org/sqlite" // pure Go; mattn/go-sqlite3 ("sqlite3") works the same
 
 	"github.com/txhook/txhook/outbox"
 )
@@ -21,7 +21,7 @@ func ExampleOutbox_EnqueueDetail() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	defer db.Close()
 	ob, _ := outbox.New(ctx, db, outbox.Config{})
 	ob.Migrate(ctx)

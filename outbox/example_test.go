@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3"
+	_ "modernc.org/sqlite" // pure Go; mattn/go-sqlite3 ("sqlite3") works the same
 
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/signer"
@@ -26,7 +26,7 @@ func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	if err != nil {
 		panic(err)
 	}
@@ -101,7 +101,7 @@ func ExampleOutbox_CreateEndpoint() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	defer db.Close()
 	ob, _ := outbox.New(ctx, db, outbox.Config{})
 	ob.Migrate(ctx)

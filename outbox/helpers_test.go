@@ -14,6 +14,7 @@ import (
 
 	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -42,8 +43,8 @@ func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 	if cfg.AllowedTargets == nil {
 		cfg.AllowPrivateTargets = true
 	}
-	if db.Backend.Driver == "postgres" && cfg.ListenDSN == "" {
-		cfg.ListenDSN = db.DSN
+	if cfg.Listener == nil {
+		cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 	}
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {

@@ -54,8 +54,8 @@ const (
 // AllowHTTP and AllowPrivateTargets.
 type Config struct {
 	// Dialect is "postgres" or "sqlite". Empty means detected from the
-	// driver (lib/pq, pgx's stdlib, mattn/go-sqlite3) or by asking the
-	// database.
+	// driver (lib/pq, pgx's stdlib, mattn/go-sqlite3, modernc.org/sqlite)
+	// or by asking the database.
 	Dialect string
 
 	// MaxPayloadBytes is the largest event payload Enqueue accepts.
@@ -107,12 +107,12 @@ type Config struct {
 	// in between. Default 5 ms; negative turns NOTIFY off (polling only).
 	NotifyInterval time.Duration
 
-	// ListenDSN is, on PostgreSQL with lib/pq, the connection string the
-	// relay uses for its LISTEN connection (lib/pq cannot listen through
-	// database/sql). With pgx's stdlib driver it is not needed: the relay
-	// listens on one connection of the pool. Empty with lib/pq means the
-	// relay polls.
-	ListenDSN string
+	// Listener, on PostgreSQL, wakes relays as soon as an enqueuing
+	// transaction commits: pgxoutbox.Listener() with pgx (pgxoutbox.New
+	// sets it), pqlisten.New(dsn) with lib/pq. Nil means relays find new
+	// events by polling every RelayConfig.PollInterval. Unused on SQLite,
+	// where Enqueue wakes the relays of its own process directly.
+	Listener Listener
 
 	// Catalog, if set, lists the event types this platform sends: Enqueue
 	// refuses types and versions it does not list, endpoints can pin only
@@ -344,15 +344,19 @@ func init() {
 		o := x.(*Outbox)
 		return link.Internals{Store: o.st, Clock: o.clock, Logger: o.log, Wake: func() { o.wake(context.Background()) }}
 	}
+	link.Enqueue = func(ctx context.Context, o any, c store.Conn, ev any) (any, error) {
+		return o.(*Outbox).enqueue(ctx, c, ev.(Event))
+	}
 }
 
-// SQLiteDSN returns the mattn/go-sqlite3 connection string txhook
-// recommends for a database file: WAL journaling so readers never block the
-// writer, a busy timeout so writers queue instead of failing, IMMEDIATE
-// transactions so a transaction that reads before it writes never fails
-// upgrading its lock, and foreign keys on. Every connection sets WAL, and
-// switching a new file to WAL is the one step the busy timeout does not
-// cover: New waits for it (see New).
+// SQLiteDSN returns the connection string txhook recommends for a SQLite
+// database file: WAL journaling so readers never block the writer, a busy
+// timeout so writers queue instead of failing, IMMEDIATE transactions so a
+// transaction that reads before it writes never fails upgrading its lock,
+// and foreign keys on. Both mattn/go-sqlite3 (driver "sqlite3", cgo) and
+// modernc.org/sqlite (driver "sqlite", pure Go, v1.62 or newer) read it.
+// Every connection sets WAL, and switching a new file to WAL is the one
+// step the busy timeout does not cover: New waits for it (see New).
 func SQLiteDSN(path string) string {
 	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate&_foreign_keys=on"
 }

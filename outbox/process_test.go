@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/retry"
 )
@@ -52,9 +53,7 @@ func runChildRelay() int {
 	}
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))}
-	if driver == "postgres" {
-		cfg.ListenDSN = dsn
-	}
+	cfg.Listener = testlisten.For(driver, dsn)
 	ob, err := outbox.New(ctx, db, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -338,7 +337,7 @@ func TestTwoRelayProcessesNeverOverlap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts subprocesses")
 	}
-	for _, be := range testdb.Backends[1:] {
+	for _, be := range testdb.PostgresBackends {
 		t.Run(be.Name, func(t *testing.T) {
 			db := testdb.Open(t, be)
 			b := setup(t, db, outbox.Config{Logger: quietLogger()})

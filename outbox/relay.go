@@ -344,15 +344,15 @@ func (r *Relay) listen(ctx context.Context) {
 	if r.o.cfg.NotifyInterval < 0 {
 		return
 	}
+	if r.o.cfg.Listener == nil {
+		r.log.Warn("txhook: no Config.Listener, so the relay finds new events by polling; set it (pgxoutbox.Listener or pqlisten.New) to be woken at commit", "interval", r.cfg.PollInterval)
+		return
+	}
 	go func() {
 		backoff := 100 * time.Millisecond
 		for {
-			err := r.st.Listen(ctx, r.o.cfg.ListenDSN, r.Wake)
+			err := r.o.cfg.Listener.Listen(ctx, r.o.db, WakeChannel, r.Wake)
 			if ctx.Err() != nil {
-				return
-			}
-			if errors.Is(err, store.ErrNoListener) {
-				r.log.Info("txhook: NOTIFY wake-ups need pgx's stdlib driver or Config.ListenDSN; polling", "interval", r.cfg.PollInterval)
 				return
 			}
 			r.log.Warn("txhook: LISTEN connection failed; polling until it is back", "error", err)

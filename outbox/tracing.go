@@ -88,7 +88,7 @@ func (c *w3c) Set(key, value string) {
 func (c *w3c) Keys() []string { return []string{traceparentHeader, tracestateHeader} }
 
 // enqueueTraced is EnqueueDetail in a span.
-func (o *Outbox) enqueueTraced(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+func (o *Outbox) enqueueTraced(ctx context.Context, tx store.Conn, ev Event) (Enqueued, error) {
 	ctx, span := o.tracer.Start(ctx, spanEnqueue, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attrTenant.String(ev.Tenant), attrEventType.String(ev.Type)))
 	defer span.End()
@@ -103,7 +103,7 @@ func (o *Outbox) enqueueTraced(ctx context.Context, tx Tx, ev Event) (Enqueued, 
 }
 
 // enqueueManyTraced is EnqueueMany in one span.
-func (o *Outbox) enqueueManyTraced(ctx context.Context, tx Tx, evs []Event) ([]Enqueued, error) {
+func (o *Outbox) enqueueManyTraced(ctx context.Context, tx store.Conn, evs []Event) ([]Enqueued, error) {
 	ctx, span := o.tracer.Start(ctx, spanEnqueueMany, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attrBatchSize.Int(len(evs))))
 	defer span.End()

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/retry"
 )
@@ -130,7 +131,7 @@ func TestTraceReachesReceiver(t *testing.T) {
 		}
 
 		other, err := outbox.New(b.ctx, testdb.Reopen(t, db), outbox.Config{TracerProvider: relayHost,
-			AllowHTTP: true, AllowPrivateTargets: true, Logger: quietLogger(), ListenDSN: db.DSN})
+			AllowHTTP: true, AllowPrivateTargets: true, Logger: quietLogger(), Listener: testlisten.For(db.Backend.Driver, db.DSN)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/outbox"
+	"github.com/txhook/txhook/outbox/pgxoutbox"
 )
 
 // claimBatch is the batch size the timed statements take: the relay's
@@ -534,6 +535,7 @@ func relayChild() int {
 	defer db.Close()
 	cfg := localOutbox()
 	cfg.Logger = quiet()
+	cfg.Listener = pgxoutbox.Listener()
 	ob, err := outbox.New(ctx, db, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/txhook/txhook/outbox"
+	"github.com/txhook/txhook/outbox/pgxoutbox"
+	"github.com/txhook/txhook/outbox/pqlisten"
 )
 
 // benchPayload is the payload of every event: a typical small payment
@@ -33,8 +35,8 @@ type pgSchema struct {
 
 // newSchema creates a schema, opens a pool of at most conns connections on
 // it through driver ("postgres" for lib/pq, "pgx") and migrates it. obCfg
-// configures the Outbox; its Logger defaults to a silent one and, with
-// lib/pq, its ListenDSN to the schema's DSN.
+// configures the Outbox; its Logger defaults to a silent one and its
+// Listener to the driver's (pqlisten on the schema's DSN, or pgxoutbox's).
 func newSchema(ctx context.Context, base, driver string, conns int, obCfg outbox.Config) (*pgSchema, error) {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
@@ -61,8 +63,12 @@ func newSchema(ctx context.Context, base, driver string, conns int, obCfg outbox
 	if obCfg.Logger == nil {
 		obCfg.Logger = quiet()
 	}
-	if driver == "postgres" && obCfg.ListenDSN == "" {
-		obCfg.ListenDSN = s.dsn
+	if obCfg.Listener == nil {
+		if driver == "postgres" {
+			obCfg.Listener = pqlisten.New(s.dsn)
+		} else {
+			obCfg.Listener = pgxoutbox.Listener()
+		}
 	}
 	if s.ob, err = outbox.New(ctx, s.db, obCfg); err != nil {
 		s.drop()

@@ -5,12 +5,19 @@
 // dead-letter table, and they are replayed once it recovers.
 //
 //	go run ./examples/quickstart
+//
+// It uses mattn/go-sqlite3 (cgo) when the build has cgo, modernc.org/sqlite
+// (pure Go) otherwise; -driver picks one:
+//
+//	go run ./examples/quickstart -driver sqlite             # modernc.org/sqlite
+//	CGO_ENABLED=0 go run ./examples/quickstart              # the same, without cgo
 package main
 
 import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,7 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3"
+	_ "modernc.org/sqlite" // "sqlite"; mattn/go-sqlite3 ("sqlite3") is in driver_cgo.go
 
 	"github.com/txhook/txhook/dlq"
 	"github.com/txhook/txhook/outbox"
@@ -31,7 +38,9 @@ import (
 )
 
 func main() {
-	if err := run(os.Stdout); err != nil {
+	driver := flag.String("driver", drivers[0], "SQLite driver: "+fmt.Sprint(drivers)+" (sqlite3 is mattn/go-sqlite3, sqlite is modernc.org/sqlite)")
+	flag.Parse()
+	if err := run(os.Stdout, *driver); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
@@ -83,7 +92,7 @@ func serve(h http.Handler) (url string, stop func(), err error) {
 	return "http://" + ln.Addr().String() + "/webhooks", func() { srv.Close() }, nil
 }
 
-func run(out io.Writer) error {
+func run(out io.Writer, driver string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -93,12 +102,12 @@ func run(out io.Writer) error {
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "shop.db")
-	db, err := sql.Open("sqlite3", outbox.SQLiteDSN(path))
+	db, err := sql.Open(driver, outbox.SQLiteDSN(path))
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	fmt.Fprintf(out, "txhook quickstart: SQLite database %s\n\n", path)
+	fmt.Fprintf(out, "txhook quickstart: SQLite database %s (driver %s)\n\n", path, driver)
 
 	// The application's own table.
 	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (id TEXT PRIMARY KEY, merchant TEXT NOT NULL, amount INTEGER NOT NULL, status TEXT NOT NULL)`); err != nil {

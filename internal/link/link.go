@@ -3,6 +3,7 @@
 package link
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/txhook/txhook/internal/clock"
@@ -20,3 +21,9 @@ type Internals struct {
 
 // Outbox returns the internals of an *outbox.Outbox; set by package outbox.
 var Outbox func(o any) Internals
+
+// Enqueue runs (*outbox.Outbox).EnqueueDetail's logic on c, for drivers
+// whose transactions are not database/sql's (outbox/pgxoutbox): o is an
+// *outbox.Outbox, ev an outbox.Event, the result an outbox.Enqueued. Set by
+// package outbox.
+var Enqueue func(ctx context.Context, o any, c store.Conn, ev any) (any, error)

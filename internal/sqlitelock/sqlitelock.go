@@ -52,11 +52,12 @@ const (
 
 // Code returns the result codes of a SQLite error from mattn/go-sqlite3
 // (read by reflection so that PostgreSQL users need not link cgo) or from a
-// driver whose errors have a Code method, such as modernc.org/sqlite.
+// driver whose errors have a Code method returning the extended code, such
+// as modernc.org/sqlite: the primary code is its low byte.
 func Code(err error) (code, ext int, ok bool) {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		if c, isCoder := e.(interface{ Code() int }); isCoder {
-			return c.Code(), c.Code(), true
+			return c.Code() & 0xff, c.Code(), true
 		}
 		v := reflect.ValueOf(e)
 		if v.Kind() == reflect.Pointer && !v.IsNil() {

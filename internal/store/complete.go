@@ -330,12 +330,7 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 	return scanIDs(res)
 }
 
-func scanIDs(rows interface {
-	Next() bool
-	Scan(...any) error
-	Err() error
-	Close() error
-}) ([]int64, error) {
+func scanIDs(rows Rows) ([]int64, error) {
 	defer rows.Close()
 	var out []int64
 	for rows.Next() {

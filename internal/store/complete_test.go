@@ -174,7 +174,7 @@ func TestCompleteStopsOnTransientFailure(t *testing.T) {
 		writer := st
 		if !db.Backend.Postgres() {
 			// A pool that waits for the lock 100 ms, not testdb's 10 s.
-			impatient, err := sql.Open("sqlite3", strings.Replace(db.DSN, "_busy_timeout=10000", "_busy_timeout=100", 1))
+			impatient, err := sql.Open(db.Backend.Driver, strings.Replace(db.DSN, "_busy_timeout=10000", "_busy_timeout=100", 1))
 			if err != nil {
 				t.Fatal(err)
 			}

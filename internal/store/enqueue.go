@@ -92,6 +92,46 @@ func (s *Store) EnqueueQueries(traced bool) []string {
 	return []string{sqliteEnqueue}
 }
 
+// Conn is what the enqueue statements run on: a database/sql Querier
+// through SQLConn, or a native driver's transaction through an adapter
+// (outbox/pgxoutbox adapts a pgx.Tx).
+type Conn interface {
+	// Exec runs a statement and returns how many rows it affected (for a
+	// SELECT, how many it returned).
+	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
+	// Query runs a query and returns its rows.
+	Query(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Rows is the part of *sql.Rows that Conn's queries return.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close() error
+}
+
+// SQLConn returns q as a Conn: *sql.Tx, *sqlx.Tx, *sql.DB or *sql.Conn.
+// Statements prepared by Prepare are used when q allows it.
+func (s *Store) SQLConn(q Querier) Conn { return sqlConn{s: s, q: q} }
+
+type sqlConn struct {
+	s *Store
+	q Querier
+}
+
+func (c sqlConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := c.s.exec(ctx, c.q, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (c sqlConn) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	return c.q.QueryContext(ctx, query, args...)
+}
+
 // InsertEvent writes ev on q (the caller's transaction) in one statement.
 // When an event with the same ID, or the same tenant and idempotency key,
 // exists (or is being inserted by a transaction that then commits), nothing
@@ -100,7 +140,7 @@ func (s *Store) EnqueueQueries(traced bool) []string {
 // caller's transaction stays usable. notified reports whether a PostgreSQL
 // wake-up was queued. An error that says the table or a column is missing
 // wraps ErrNotMigrated.
-func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify bool) (inserted, notified bool, err error) {
+func (s *Store) InsertEvent(ctx context.Context, q Conn, ev NewEvent, notify bool) (inserted, notified bool, err error) {
 	var key, okey any
 	if ev.IdempotencyKey != "" {
 		key = ev.IdempotencyKey
@@ -114,7 +154,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 	if s.Dialect != Postgres {
 		notify = false
 	}
-	var res sql.Result
+	var n int64
 	if ev.TraceParent == "" {
 		query := sqliteEnqueue
 		if s.Dialect == Postgres {
@@ -123,16 +163,12 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 				query = pgEnqueueNotify
 			}
 		}
-		res, err = s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
+		n, err = q.Exec(ctx, s.Rebind(query), ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
 	} else {
-		res, err = s.insertTraced(ctx, q, ev, key, okey, notify)
+		n, err = s.insertTraced(ctx, q, ev, key, okey, notify)
 	}
 	if err != nil {
 		return false, false, NotMigrated(err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, false, err
 	}
 	return n == 1, n == 1 && notify, nil
 }
@@ -140,7 +176,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, ev NewEvent, notify 
 // insertTraced is InsertEvent's statement for an event with a trace
 // context: a separate call, so that the untraced one keeps its argument
 // list (and its cost) exactly.
-func (s *Store) insertTraced(ctx context.Context, q Querier, ev NewEvent, key, okey any, notify bool) (sql.Result, error) {
+func (s *Store) insertTraced(ctx context.Context, q Conn, ev NewEvent, key, okey any, notify bool) (int64, error) {
 	query := sqliteEnqueueTraced
 	if s.Dialect == Postgres {
 		query = pgEnqueueTraced
@@ -152,15 +188,15 @@ func (s *Store) insertTraced(ctx context.Context, q Querier, ev NewEvent, key, o
 	if ev.TraceState != "" {
 		state = ev.TraceState
 	}
-	return s.exec(ctx, q, query, ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey, ev.TraceParent, state)
+	return q.Exec(ctx, s.Rebind(query), ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey, ev.TraceParent, state)
 }
 
 // ConflictingEvents reads, on q, the events that made InsertEvent of ev
 // write nothing: the event with ev.ID and the event with ev.Tenant and
 // ev.IdempotencyKey. Both may be the same row; none is found when they were
 // deleted since (by retention).
-func (s *Store) ConflictingEvents(ctx context.Context, q Querier, ev NewEvent) ([]NewEvent, error) {
-	rows, err := q.QueryContext(ctx, s.Rebind(conflictingEvents), ev.ID, ev.Tenant, ev.IdempotencyKey)
+func (s *Store) ConflictingEvents(ctx context.Context, q Conn, ev NewEvent) ([]NewEvent, error) {
+	rows, err := q.Query(ctx, s.Rebind(conflictingEvents), ev.ID, ev.Tenant, ev.IdempotencyKey)
 	if err != nil {
 		return nil, NotMigrated(err)
 	}

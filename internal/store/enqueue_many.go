@@ -44,7 +44,7 @@ func BatchChunks(evs []NewEvent) [][]NewEvent {
 // why. The caller keeps IDs and idempotency keys unique within evs. notify
 // asks, on PostgreSQL, for one wake-up sent when the transaction commits
 // if any row was inserted; notified reports whether it was queued.
-func (s *Store) InsertEvents(ctx context.Context, q Querier, evs []NewEvent, notify bool) (inserted map[string]bool, notified bool, err error) {
+func (s *Store) InsertEvents(ctx context.Context, q Conn, evs []NewEvent, notify bool) (inserted map[string]bool, notified bool, err error) {
 	if s.Dialect != Postgres {
 		notify = false
 	}
@@ -85,7 +85,7 @@ func (s *Store) InsertEvents(ctx context.Context, q Querier, evs []NewEvent, not
 			// was inserted.
 			b.WriteString("\n)\nSELECT id FROM ev\nUNION ALL\nSELECT NULL FROM (SELECT pg_notify('" + WakeChannel + "', '') FROM ev LIMIT 1) n")
 		}
-		rows, err := q.QueryContext(ctx, s.Rebind(b.String()), args...)
+		rows, err := q.Query(ctx, s.Rebind(b.String()), args...)
 		if err != nil {
 			return nil, false, err
 		}
@@ -111,10 +111,10 @@ func (s *Store) InsertEvents(ctx context.Context, q Querier, evs []NewEvent, not
 
 // DeleteEvents deletes, on q, the events with the given IDs: an enqueue of
 // many events that fails takes back the rows it had inserted.
-func (s *Store) DeleteEvents(ctx context.Context, q Querier, ids []string) error {
+func (s *Store) DeleteEvents(ctx context.Context, q Conn, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_events WHERE `+s.textIn("id")), jsonStrings(ids))
+	_, err := q.Exec(ctx, s.Rebind(`DELETE FROM txhook_events WHERE `+s.textIn("id")), jsonStrings(ids))
 	return err
 }

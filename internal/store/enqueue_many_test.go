@@ -35,7 +35,7 @@ func TestInsertEventsChunksAndNotifiesOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		inserted, notified, err := st.InsertEvents(ctx, tx, evs, true)
+		inserted, notified, err := st.InsertEvents(ctx, st.SQLConn(tx), evs, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func TestInsertEventsChunksAndNotifiesOnce(t *testing.T) {
 			t.Fatalf("inserted %d of %d, notified %v", len(inserted), len(evs), notified)
 		}
 		// Everything again: nothing inserted, no wake-up queued.
-		inserted, notified, err = st.InsertEvents(ctx, tx, evs, true)
+		inserted, notified, err = st.InsertEvents(ctx, st.SQLConn(tx), evs, true)
 		if err != nil || len(inserted) != 0 || notified {
 			t.Fatalf("repeat: inserted %d, notified %v, %v", len(inserted), notified, err)
 		}
@@ -54,7 +54,7 @@ func TestInsertEventsChunksAndNotifiesOnce(t *testing.T) {
 		if !at.Time.Equal(now.Add(time.Hour)) {
 			t.Fatalf("deliver_at %v", at.Time)
 		}
-		if err := st.DeleteEvents(ctx, tx, []string{"evt_0", "evt_1"}); err != nil {
+		if err := st.DeleteEvents(ctx, st.SQLConn(tx), []string{"evt_0", "evt_1"}); err != nil {
 			t.Fatal(err)
 		}
 		var n int

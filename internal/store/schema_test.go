@@ -178,7 +178,7 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 				"InsertEvent": func() error {
 					for _, e := range []store.NewEvent{ev, keyed} {
 						for _, notify := range []bool{false, true} {
-							if _, _, err := s.InsertEvent(ctx, db.DB, e, notify); err != nil {
+							if _, _, err := s.InsertEvent(ctx, s.SQLConn(db.DB), e, notify); err != nil {
 								return err
 							}
 						}
@@ -188,11 +188,11 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 				"InsertEvents": func() error {
 					batch := []store.NewEvent{{ID: "evt_b1", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now, DeliverAt: now.Add(time.Hour)},
 						{ID: "evt_b2", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now, TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
-					_, _, err := s.InsertEvents(ctx, db.DB, batch, true)
+					_, _, err := s.InsertEvents(ctx, s.SQLConn(db.DB), batch, true)
 					return err
 				},
-				"DeleteEvents":      func() error { return s.DeleteEvents(ctx, db.DB, []string{"evt_b1", "evt_b2"}) },
-				"ConflictingEvents": func() error { _, err := s.ConflictingEvents(ctx, db.DB, ev); return err },
+				"DeleteEvents":      func() error { return s.DeleteEvents(ctx, s.SQLConn(db.DB), []string{"evt_b1", "evt_b2"}) },
+				"ConflictingEvents": func() error { _, err := s.ConflictingEvents(ctx, s.SQLConn(db.DB), ev); return err },
 				"Dispatch": func() error {
 					c, err := s.Dispatch(ctx, "relay", now, time.Minute, 10)
 					claimed = append(claimed, c...)

@@ -23,7 +23,8 @@ type Dialect int
 const (
 	// Postgres is PostgreSQL 12 or newer, through lib/pq or pgx's stdlib.
 	Postgres Dialect = iota + 1
-	// SQLite is SQLite 3.35 or newer, through mattn/go-sqlite3.
+	// SQLite is SQLite 3.35 or newer, through mattn/go-sqlite3 or
+	// modernc.org/sqlite.
 	SQLite
 )
 
@@ -43,7 +44,7 @@ func Detect(ctx context.Context, db *sql.DB) (Dialect, error) {
 	switch t := fmt.Sprintf("%T", db.Driver()); t {
 	case "*pq.Driver", "*stdlib.Driver":
 		return Postgres, nil
-	case "*sqlite3.SQLiteDriver":
+	case "*sqlite3.SQLiteDriver", "*sqlite.Driver": // mattn/go-sqlite3, modernc.org/sqlite
 		return SQLite, nil
 	}
 	var v string

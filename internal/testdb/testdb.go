@@ -1,6 +1,7 @@
 // Package testdb opens the real databases txhook's tests run against: a
-// fresh SQLite file per test, and a fresh PostgreSQL schema per test through
-// lib/pq or pgx's stdlib driver.
+// fresh SQLite file per test, through mattn/go-sqlite3 (in cgo builds) and
+// modernc.org/sqlite, and a fresh PostgreSQL schema per test through lib/pq
+// or pgx's stdlib driver.
 //
 // PostgreSQL tests read the DSN from TXHOOK_TEST_POSTGRES_DSN and skip with
 // a message when it is unset; CI sets it and TXHOOK_REQUIRE_POSTGRES=1,
@@ -22,7 +23,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // pgx's database/sql driver, "pgx"
 	_ "github.com/lib/pq"              // lib/pq, "postgres"
-	_ "github.com/mattn/go-sqlite3"    // SQLite, "sqlite3"
+	_ "modernc.org/sqlite"             // pure-Go SQLite, "sqlite"
 )
 
 // EnvDSN names the environment variable holding the PostgreSQL DSN.
@@ -34,20 +35,37 @@ const EnvRequire = "TXHOOK_REQUIRE_POSTGRES"
 
 // Backend is one database a test runs against.
 type Backend struct {
-	Name   string // "sqlite", "postgres-libpq", "postgres-pgx"
+	Name   string // "sqlite", "sqlite-modernc", "postgres-libpq", "postgres-pgx"
 	Driver string // database/sql driver name
 }
 
-// Backends lists every backend: SQLite, and PostgreSQL through both
-// drivers.
-var Backends = []Backend{
-	{Name: "sqlite", Driver: "sqlite3"},
-	{Name: "postgres-libpq", Driver: "postgres"},
-	{Name: "postgres-pgx", Driver: "pgx"},
-}
+// The backends.
+var (
+	// Mattn is SQLite through mattn/go-sqlite3, in cgo builds only.
+	Mattn = Backend{Name: "sqlite", Driver: "sqlite3"}
+	// Modernc is SQLite through modernc.org/sqlite, pure Go.
+	Modernc = Backend{Name: "sqlite-modernc", Driver: "sqlite"}
+	// LibPQ is PostgreSQL through lib/pq.
+	LibPQ = Backend{Name: "postgres-libpq", Driver: "postgres"}
+	// PGX is PostgreSQL through pgx's stdlib driver.
+	PGX = Backend{Name: "postgres-pgx", Driver: "pgx"}
+)
+
+// SQLiteBackends are the SQLite drivers of this build: mattn/go-sqlite3
+// (first, the default) and modernc.org/sqlite with cgo, mattn/go-sqlite3
+// alone under the race detector (see mattn.go), modernc.org/sqlite alone
+// without cgo.
+var SQLiteBackends = sqliteBackends
+
+// PostgresBackends are PostgreSQL through both drivers.
+var PostgresBackends = []Backend{LibPQ, PGX}
+
+// Backends lists every backend of this build: SQLite through each driver,
+// and PostgreSQL through both.
+var Backends = append(append([]Backend{}, SQLiteBackends...), PostgresBackends...)
 
 // Postgres reports whether the backend is PostgreSQL.
-func (b Backend) Postgres() bool { return b.Driver != "sqlite3" }
+func (b Backend) Postgres() bool { return b.Driver == LibPQ.Driver || b.Driver == PGX.Driver }
 
 // DB is an open test database.
 type DB struct {
@@ -61,7 +79,7 @@ type DB struct {
 func Open(t testing.TB, b Backend) *DB {
 	t.Helper()
 	if !b.Postgres() {
-		return SQLite(t)
+		return SQLiteWith(t, b)
 	}
 	return Postgres(t, b.Driver)
 }
@@ -80,21 +98,29 @@ func Each(t *testing.T, fn func(t *testing.T, db *DB)) {
 // SQLiteDSN is the DSN txhook recommends for a SQLite file: WAL so readers
 // do not block the writer, a busy timeout so writers wait for each other,
 // and IMMEDIATE transactions so a transaction that reads and then writes
-// never fails on lock upgrade.
+// never fails on lock upgrade. Both SQLite drivers read it.
 func SQLiteDSN(path string) string {
 	return "file:" + path + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate&_foreign_keys=on"
 }
 
-// SQLite returns a fresh SQLite database in a temporary directory.
+// SQLite returns a fresh SQLite database in a temporary directory, through
+// the build's default SQLite driver (SQLiteBackends[0]).
 func SQLite(t testing.TB) *DB {
 	t.Helper()
+	return SQLiteWith(t, SQLiteBackends[0])
+}
+
+// SQLiteWith returns a fresh SQLite database in a temporary directory,
+// through b's driver.
+func SQLiteWith(t testing.TB, b Backend) *DB {
+	t.Helper()
 	dsn := SQLiteDSN(filepath.Join(t.TempDir(), "txhook.db"))
-	db, err := sql.Open("sqlite3", dsn)
+	db, err := sql.Open(b.Driver, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return &DB{DB: db, Backend: Backends[0], DSN: dsn}
+	return &DB{DB: db, Backend: b, DSN: dsn}
 }
 
 // PostgresDSN returns the configured DSN, skipping (or failing, in CI) the
@@ -116,41 +142,55 @@ func PostgresDSN(t testing.TB) string {
 // schema is dropped when t ends.
 func Postgres(t testing.TB, driver string) *DB {
 	t.Helper()
-	base := PostgresDSN(t)
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	schema := "txhook_test_" + hex.EncodeToString(rnd[:])
-
-	admin, err := sql.Open("postgres", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	dsn, err := withSearchPath(base, schema)
+	dsn, drop, err := NewSchema(PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
+		drop()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		db.Close()
+		drop()
+	})
+	b := LibPQ
+	if driver == PGX.Driver {
+		b = PGX
+	}
+	return &DB{DB: db, Backend: b, DSN: dsn}
+}
+
+// NewSchema creates a fresh schema in the PostgreSQL database of base and
+// returns a DSN whose search_path is that schema, and a function that drops
+// it. Tests use Postgres; this is for Example functions, which have no
+// testing.TB.
+func NewSchema(base string) (dsn string, drop func(), err error) {
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	schema := "txhook_test_" + hex.EncodeToString(rnd[:])
+	admin, err := sql.Open("postgres", base)
+	if err != nil {
+		return "", nil, err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		return "", nil, fmt.Errorf("testdb: create schema: %w", err)
+	}
+	drop = func() {
 		admin, err := sql.Open("postgres", base)
 		if err != nil {
 			return
 		}
 		defer admin.Close()
 		_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
-	})
-	b := Backends[1]
-	if driver == "pgx" {
-		b = Backends[2]
 	}
-	return &DB{DB: db, Backend: b, DSN: dsn}
+	if dsn, err = withSearchPath(base, schema); err != nil {
+		drop()
+		return "", nil, err
+	}
+	return dsn, drop, nil
 }
 
 // withSearchPath adds search_path to a URL or key=value DSN; both lib/pq
@@ -186,7 +226,7 @@ func Reopen(t testing.TB, db *DB) *sql.DB {
 // releases it. It is released when t ends at the latest.
 func HoldSQLiteLock(t testing.TB, path string) (release func()) {
 	t.Helper()
-	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000")
+	db, err := sql.Open(SQLiteBackends[0].Driver, "file:"+path+"?_busy_timeout=10000")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -27,9 +28,7 @@ func NewOutbox(t *testing.T, db *testdb.DB) (*outbox.Outbox, context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if db.Backend.Driver == "postgres" {
-		cfg.ListenDSN = db.DSN
-	}
+	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {
 		t.Fatal(err)

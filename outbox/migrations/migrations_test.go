@@ -23,6 +23,7 @@ import (
 
 	"github.com/txhook/txhook/internal/migfile"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/internal/testlisten"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/migrations"
 )
@@ -90,9 +91,7 @@ func deliver(t *testing.T, db *testdb.DB) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if db.Backend.Driver == "postgres" {
-		cfg.ListenDSN = db.DSN
-	}
+	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {
 		t.Fatal(err)
