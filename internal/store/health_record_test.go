@@ -91,7 +91,7 @@ VALUES (1, ?, 1, ?, 1, ?)`), ep, s.T(at(m)), msg); err != nil {
 		insert("quiet", time.Time{})
 
 		applied, err := s.Migrate(ctx)
-		if err != nil || len(applied) != 1 || applied[0] != 3 {
+		if err != nil || len(applied) == 0 || applied[0] != 3 { // and any later ones
 			t.Fatalf("Migrate applied %v, %v", applied, err)
 		}
 		for _, c := range []struct {
