@@ -3,9 +3,12 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -192,6 +195,28 @@ func secretNeedles(t *testing.T, secret string) []string {
 	return needles
 }
 
+// keyNeedles are the forms in which a PEM private key could show in a
+// dump: the PEM, its base64 body (whole, and its first line), the DER and
+// the private scalar, raw and encoded.
+func keyNeedles(t *testing.T, keyPEM []byte) []string {
+	t.Helper()
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		t.Fatal("key is not PEM")
+	}
+	body := base64.StdEncoding.EncodeToString(block.Bytes)
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scalar, err := key.(*ecdsa.PrivateKey).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{string(keyPEM), body, body[:64], hex.EncodeToString(block.Bytes), string(block.Bytes),
+		hex.EncodeToString(scalar), base64.StdEncoding.EncodeToString(scalar)[:40], string(scalar)}
+}
+
 func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
 		for _, encrypted := range []bool{false, true} {
@@ -221,6 +246,12 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 					t.Fatal(err)
 				}
 				deadEp := b.endpoint("m", rc.URL+"/dead")
+				// An endpoint behind mutual TLS: its client key is a secret too.
+				mtls := newMTLSServer(t)
+				cert := mtls.clientCert(t, "relay-for-m")
+				if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m", URL: mtls.URL, ClientCert: cert}); err != nil {
+					t.Fatal(err)
+				}
 				rotated, err := b.ob.RotateSecret(b.ctx, hmacEp.ID, outbox.Rotation{})
 				if err != nil {
 					t.Fatal(err)
@@ -228,11 +259,14 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				secrets := []string{hmacEp.Secrets[0].Value, rotated.Secrets[0].Value, private, deadEp.Secrets[0].Value}
 
 				// Deliveries, attempts and a dead letter, so every table has rows.
-				b.relay(outbox.RelayConfig{Retry: fastRetryAttempts(1)})
+				b.relay(outbox.RelayConfig{Retry: fastRetryAttempts(1), RootCAs: mtls.roots})
 				b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"amount":1}`)})
 				b.eventually("delivered and dead-lettered", func() bool {
-					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 3
+					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 4
 				})
+				if cn := recv(t, mtls.peers, "the mTLS delivery"); cn != "relay-for-m" {
+					t.Fatalf("the mTLS server saw client %q", cn)
+				}
 				for _, got := range rc.requests() {
 					v, err := verify.New(verify.Config{Secrets: []string{rotated.Secrets[0].Value, public, deadEp.Secrets[0].Value}})
 					if err != nil {
@@ -260,6 +294,18 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				}
 				if !encrypted && found == 0 {
 					t.Fatal("control: the plaintext dump holds no secret; the dump misses the secrets column")
+				}
+				found = 0
+				for _, n := range keyNeedles(t, cert.KeyPEM) {
+					if strings.Contains(dump, n) {
+						found++
+						if encrypted {
+							t.Errorf("the dump holds the client certificate's private key (as %d bytes)", len(n))
+						}
+					}
+				}
+				if !encrypted && found == 0 {
+					t.Fatal("control: the plaintext dump holds no client key; the dump misses the client_key column")
 				}
 			})
 		}
