@@ -161,7 +161,8 @@ type ClientCert struct {
 	CertPEM []byte
 	// KeyPEM is the leaf's private key, PEM-encoded (PKCS #1, PKCS #8 or
 	// SEC 1). It is write-only: endpoints read back carry the certificate
-	// without it.
+	// without it. With Config.SecretCipher set it is stored encrypted, like
+	// signing secrets, and decrypted by relays in memory only.
 	KeyPEM []byte
 }
 
