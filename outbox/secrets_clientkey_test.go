@@ -10,21 +10,11 @@ import (
 	"github.com/txhook/txhook/outbox"
 )
 
-// storedClientKey reads an endpoint's client_key column as stored.
-func (b *bundle) storedClientKey(id string) string {
-	b.t.Helper()
-	var s string
-	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT client_key FROM txhook_endpoints WHERE id = ?`), id).Scan(&s); err != nil {
-		b.t.Fatal(err)
-	}
-	return s
-}
-
 // clientKeyID is the key ID of an endpoint's stored client key, "" for
 // plaintext PEM.
 func (b *bundle) clientKeyID(id string) string {
 	b.t.Helper()
-	stored := b.storedClientKey(id)
+	stored := b.stored("client_key", id)
 	if !strings.HasPrefix(stored, "{") {
 		if !strings.HasPrefix(stored, "-----BEGIN PRIVATE KEY-----") {
 			b.t.Fatalf("%s: client_key is neither PEM nor encrypted", id)
@@ -82,21 +72,7 @@ client_key = (SELECT client_key FROM txhook_endpoints WHERE id = ?) WHERE id = ?
 			t.Fatalf("first's delivery presented %q", cn)
 		}
 		b.enqueue(outbox.Event{Tenant: "m", Type: "b", Payload: []byte(`2`)})
-		b.eventually("the key error logged", func() bool {
-			for _, r := range logs.records() {
-				if r.Level == slog.LevelError && strings.Contains(r.Msg, "cannot decrypt") &&
-					strings.Contains(r.Attrs["error"], second.ID) && strings.Contains(r.Attrs["error"], "client certificate key") {
-					return true
-				}
-			}
-			return false
-		})
-		b.eventually("second's delivery given back unspent", func() bool {
-			return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state = 'pending' AND attempts = 0`, second.ID) == 1
-		})
-		if n := b.count(`SELECT COUNT(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, second.ID); n != 0 {
-			t.Fatalf("%d attempts recorded for second", n)
-		}
+		b.waitsForKey(logs, second.ID, "client certificate key")
 		if len(srv.peers) != 0 {
 			t.Fatal("a request for second reached the server")
 		}

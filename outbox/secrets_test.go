@@ -56,11 +56,12 @@ func (b *bundle) reopen(cfg outbox.Config) *bundle {
 	return setup(b.t, b.db, cfg)
 }
 
-// storedSecrets reads an endpoint's secrets column as stored.
-func (b *bundle) storedSecrets(id string) string {
+// stored reads column col (secrets or client_key) of an endpoint as
+// stored.
+func (b *bundle) stored(col, id string) string {
 	b.t.Helper()
 	var s string
-	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT secrets FROM txhook_endpoints WHERE id = ?`), id).Scan(&s); err != nil {
+	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT `+col+` FROM txhook_endpoints WHERE id = ?`), id).Scan(&s); err != nil {
 		b.t.Fatal(err)
 	}
 	return s
@@ -355,20 +356,7 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 			t.Fatalf("first's delivery: %v", err)
 		}
 		b.enqueue(outbox.Event{Tenant: "m", Type: "b", Payload: []byte(`2`)})
-		b.eventually("the key error logged", func() bool {
-			for _, r := range logs.records() {
-				if r.Level == slog.LevelError && strings.Contains(r.Msg, "cannot decrypt") && strings.Contains(r.Attrs["error"], second.ID) {
-					return true
-				}
-			}
-			return false
-		})
-		b.eventually("second's delivery given back unspent", func() bool {
-			return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state = 'pending' AND attempts = 0`, second.ID) == 1
-		})
-		if n := b.count(`SELECT COUNT(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, second.ID); n != 0 {
-			t.Fatalf("%d attempts recorded for second", n)
-		}
+		b.waitsForKey(logs, second.ID, "secrets")
 		if len(rc.requests()) != 1 {
 			t.Fatalf("%d requests sent, want 1 (first's)", len(rc.requests()))
 		}
@@ -380,6 +368,28 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 			}
 		}
 	})
+}
+
+// waitsForKey waits until the relay has logged that it cannot decrypt
+// what (the secrets or client key) of endpoint id, and has given the
+// endpoint's one delivery back without spending an attempt.
+func (b *bundle) waitsForKey(logs *logRecorder, id, what string) {
+	b.t.Helper()
+	b.eventually("the key error logged", func() bool {
+		for _, r := range logs.records() {
+			if r.Level == slog.LevelError && strings.Contains(r.Msg, "cannot decrypt") &&
+				strings.Contains(r.Attrs["error"], id) && strings.Contains(r.Attrs["error"], what) {
+				return true
+			}
+		}
+		return false
+	})
+	b.eventually("the delivery given back unspent", func() bool {
+		return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state = 'pending' AND attempts = 0`, id) == 1
+	})
+	if n := b.count(`SELECT COUNT(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, id); n != 0 {
+		b.t.Fatalf("%d attempts recorded for %s", n, id)
+	}
 }
 
 // verifyWith checks a received request with package verify and with the
@@ -484,7 +494,7 @@ func TestSecretsPlaintextRowsKeepWorking(t *testing.T) {
 		var eps []outbox.Endpoint
 		for i := range 3 {
 			eps = append(eps, plain.endpoint(fmt.Sprint("m", i), rc.URL))
-			if !strings.HasPrefix(plain.storedSecrets(eps[i].ID), "[") {
+			if !strings.HasPrefix(plain.stored("secrets", eps[i].ID), "[") {
 				t.Fatal("a plaintext outbox stored secrets in another form")
 			}
 		}
