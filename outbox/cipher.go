@@ -12,14 +12,15 @@ import (
 	"strings"
 )
 
-// Cipher encrypts endpoint signing secrets at rest (Config.SecretCipher).
+// Cipher encrypts endpoint signing secrets and client certificate keys at
+// rest (Config.SecretCipher).
 // AESGCM is the implementation txhook ships; a host can put its KMS behind
 // this interface instead.
 //
 // Every ciphertext is stored beside the ID of the key that made it, so a
 // Cipher can hold several keys at once: the newest encrypts, and any of
 // them decrypts what it made. associatedData binds a ciphertext to the
-// endpoint it belongs to; Decrypt must fail unless it is the value given to
+// endpoint and the column it belongs to; Decrypt must fail unless it is the value given to
 // Encrypt (authenticated encryption with associated data, such as AES-GCM,
 // does that). Implementations must be safe for concurrent use, and their
 // errors must not contain plaintext.
@@ -40,10 +41,10 @@ type Cipher interface {
 
 // Errors of secrets at rest; see SecretsError.
 var (
-	// ErrSecretKey: an endpoint's stored secrets cannot be decrypted. Every
-	// SecretsError matches it; its Err says why.
+	// ErrSecretKey: an endpoint's stored secrets or client certificate key
+	// cannot be decrypted. Every SecretsError matches it; its Err says why.
 	ErrSecretKey = errors.New("txhook: cannot decrypt endpoint secrets")
-	// ErrNoSecretCipher: secrets are stored encrypted but
+	// ErrNoSecretCipher: secrets or client keys are stored encrypted but
 	// Config.SecretCipher is not set (or ReencryptSecrets was called
 	// without one).
 	ErrNoSecretCipher = errors.New("txhook: Config.SecretCipher is not set")
@@ -51,21 +52,30 @@ var (
 	ErrUnknownKey = errors.New("txhook: no key with this ID")
 	// ErrDecrypt: the ciphertext does not authenticate: the key under its
 	// ID is not the one that made it, or the ciphertext was altered or
-	// copied from another endpoint.
+	// copied from another endpoint or column.
 	ErrDecrypt = errors.New("txhook: ciphertext does not authenticate (wrong key, altered, or another endpoint's)")
 )
 
-// SecretsError reports an endpoint whose stored secrets cannot be read.
-// errors.Is matches ErrSecretKey and Err. It names the endpoint and the key
-// ID, never a secret.
+// SecretsError reports an endpoint whose stored secrets or client
+// certificate key cannot be read. errors.Is matches ErrSecretKey and Err.
+// It names the endpoint, the column and the key ID, never a secret.
 type SecretsError struct {
 	EndpointID string
+	Column     string // the txhook_endpoints column: "secrets" or "client_key"
 	KeyID      string // the key ID stored with the ciphertext; "" if none
 	Err        error  // ErrNoSecretCipher, ErrUnknownKey, ErrDecrypt or the Cipher's error
 }
 
 func (e *SecretsError) Error() string {
-	return fmt.Sprintf("txhook: cannot decrypt the secrets of endpoint %.64q (key ID %.64q): %v", e.EndpointID, e.KeyID, e.Err)
+	return fmt.Sprintf("txhook: cannot decrypt the %s of endpoint %.64q (key ID %.64q): %v", columnNoun(e.Column), e.EndpointID, e.KeyID, e.Err)
+}
+
+// columnNoun names what column col holds, for messages.
+func columnNoun(col string) string {
+	if col == colClientKey {
+		return "client certificate key"
+	}
+	return "secrets"
 }
 
 // Unwrap returns ErrSecretKey and Err.

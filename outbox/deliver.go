@@ -59,12 +59,15 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		return r.fail(out, now, now, 0, err.Error(), "", false), 0
 	}
 	custom, cert, err := r.endpointTransport(c)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrSecretKey) {
 		r.log.Error("txhook: cannot read the endpoint's stored headers or client certificate; set them again", "endpoint", c.EndpointID, "error", err)
 		out.local = true
 		return r.fail(out, now, now, 0, err.Error(), "", false), 0
 	}
-	secrets, err := r.secrets.active(r.httpCtx, r.o, c.EndpointID, c.Secrets, now)
+	var secrets []string
+	if err == nil {
+		secrets, err = r.secrets.active(r.httpCtx, r.o, c.EndpointID, c.Secrets, now)
+	}
 	if errors.Is(err, ErrSecretKey) {
 		// The keys changed under a running relay: no attempt is spent,
 		// nothing reaches the receiver; the delivery waits for a relay
@@ -124,13 +127,14 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 }
 
 // endpointTransport returns the endpoint's custom headers and client
-// certificate, decoded once per distinct stored value.
+// certificate, decoded (and its key decrypted) once per distinct stored
+// value. A key that does not decrypt is a *SecretsError.
 func (r *Relay) endpointTransport(c *store.Claimed) (map[string]string, *tls.Certificate, error) {
 	h, err := r.transport.header(c.Headers)
 	if err != nil {
 		return nil, nil, err
 	}
-	cert, err := r.transport.cert(c.ClientCert, c.ClientKey)
+	cert, err := r.transport.cert(r.httpCtx, r.o, c.EndpointID, c.ClientCert, c.ClientKey)
 	return h, cert, err
 }
 
@@ -327,12 +331,13 @@ func (sc *secretCache) active(ctx context.Context, o *Outbox, endpointID string,
 	return out, nil
 }
 
-// keyFailed logs a failure to decrypt secrets at most once a minute.
+// keyFailed logs a failure to decrypt secrets or a client key at most once
+// a minute.
 func (sc *secretCache) keyFailed(log *slog.Logger, now time.Time, err error) {
 	last := sc.keyErrAt.Load()
 	if last != 0 && now.UnixNano()-last < int64(secretKeyRetry) || !sc.keyErrAt.CompareAndSwap(last, now.UnixNano()) {
 		return
 	}
-	log.Error("txhook: cannot decrypt an endpoint's signing secrets; its deliveries wait, spending no attempt, until a relay has the right Config.SecretCipher keys (logged at most once a minute)",
+	log.Error("txhook: cannot decrypt an endpoint's signing secrets or client certificate key; its deliveries wait, spending no attempt, until a relay has the right Config.SecretCipher keys (logged at most once a minute)",
 		"error", err)
 }

@@ -5,11 +5,13 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
 	"encoding/pem"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -19,6 +21,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/txhook/txhook/outbox"
 )
 
 // connectProxy is an HTTP CONNECT proxy on loopback, as smokescreen is to
@@ -237,4 +241,33 @@ func (ca *testCA) client(t testing.TB, cn string, notAfter time.Time) (certPEM, 
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+}
+
+// mtlsServer is an https server on loopback that requires a client
+// certificate issued by its CA and sends the common name of every client
+// it served on peers.
+type mtlsServer struct {
+	*httptest.Server
+	ca    *testCA
+	peers chan string
+	roots *x509.CertPool // trust the server's certificate: RelayConfig.RootCAs
+}
+
+func newMTLSServer(t testing.TB) *mtlsServer {
+	s := &mtlsServer{ca: newTestCA(t), peers: make(chan string, 100)}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.peers <- r.TLS.PeerCertificates[0].Subject.CommonName
+	}))
+	s.TLS = &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: s.ca.pool}
+	s.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	s.roots = s.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	return s
+}
+
+// clientCert issues a client certificate for cn, valid for an hour.
+func (s *mtlsServer) clientCert(t testing.TB, cn string) *outbox.ClientCert {
+	certPEM, keyPEM := s.ca.client(t, cn, time.Now().Add(time.Hour))
+	return &outbox.ClientCert{CertPEM: certPEM, KeyPEM: keyPEM}
 }

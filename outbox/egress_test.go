@@ -2,13 +2,10 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -350,24 +347,15 @@ func TestEndpointHeaders(t *testing.T) {
 func TestEndpointClientCertificate(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
 		b := setup(t, db, outbox.Config{})
-		ca := newTestCA(t)
-		peers := make(chan string, 10)
-		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			peers <- r.TLS.PeerCertificates[0].Subject.CommonName
-		}))
-		srv.TLS = &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.pool}
-		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
-		srv.StartTLS()
-		t.Cleanup(srv.Close)
-		roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+		srv := newMTLSServer(t)
+		peers, roots := srv.peers, srv.roots
 
-		certPEM, keyPEM := ca.client(t, "relay-for-m1", time.Now().Add(time.Hour))
-		withCert, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m1", URL: srv.URL,
-			ClientCert: &outbox.ClientCert{CertPEM: certPEM, KeyPEM: keyPEM}})
+		cert := srv.clientCert(t, "relay-for-m1")
+		withCert, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m1", URL: srv.URL, ClientCert: cert})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if withCert.ClientCert == nil || string(withCert.ClientCert.CertPEM) != string(certPEM) || withCert.ClientCert.KeyPEM != nil {
+		if withCert.ClientCert == nil || string(withCert.ClientCert.CertPEM) != string(cert.CertPEM) || withCert.ClientCert.KeyPEM != nil {
 			t.Fatalf("endpoint's certificate read back as %v", withCert.ClientCert)
 		}
 		js, _ := json.Marshal(withCert)

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -266,8 +267,10 @@ func (o *Outbox) checkURL(ctx context.Context, u string) error {
 	return explainTarget(safehttp.CheckURL(ctx, u, o.target))
 }
 
-// checkClientCert validates c and returns its stored form: "" for none.
-func (o *Outbox) checkClientCert(c ClientCert) (certPEM, keyPEM string, err error) {
+// checkClientCert validates c, the client certificate of endpoint
+// endpointID, and returns its stored form ("" for none): the key encrypted
+// when Config.SecretCipher is set.
+func (o *Outbox) checkClientCert(ctx context.Context, endpointID string, c ClientCert) (certPEM, storedKey string, err error) {
 	if len(c.CertPEM) == 0 {
 		if len(c.KeyPEM) != 0 {
 			return "", "", fmt.Errorf("%w: %w: a key without a certificate", ErrInvalidEndpoint, ErrInvalidClientCert)
@@ -277,7 +280,11 @@ func (o *Outbox) checkClientCert(c ClientCert) (certPEM, keyPEM string, err erro
 	if err := c.check(o.clock.Now()); err != nil {
 		return "", "", err
 	}
-	return string(c.CertPEM), string(c.KeyPEM), nil
+	key, err := o.seal(ctx, colClientKey, endpointID, bytes.Clone(c.KeyPEM))
+	if err != nil {
+		return "", "", err
+	}
+	return string(c.CertPEM), string(key), nil
 }
 
 // CreateEndpoint registers an endpoint. The URL is checked: absolute
@@ -310,9 +317,11 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	if err != nil {
 		return Endpoint{}, err
 	}
+	now := o.clock.Now().UTC()
+	id := "ep_" + ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
 	var certPEM, keyPEM string
 	if ne.ClientCert != nil {
-		if certPEM, keyPEM, err = o.checkClientCert(*ne.ClientCert); err != nil {
+		if certPEM, keyPEM, err = o.checkClientCert(ctx, id, *ne.ClientCert); err != nil {
 			return Endpoint{}, err
 		}
 	}
@@ -327,8 +336,6 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	} else if err := checkSecret(secret); err != nil {
 		return Endpoint{}, err
 	}
-	now := o.clock.Now().UTC()
-	id := "ep_" + ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
 	secrets := []Secret{{Value: secret}}
 	stored, err := o.sealSecrets(ctx, id, secrets)
 	if err != nil {
@@ -405,7 +412,7 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 		}
 	}
 	if up.ClientCert != nil {
-		if row.ClientCert, row.ClientKey, err = o.checkClientCert(*up.ClientCert); err != nil {
+		if row.ClientCert, row.ClientKey, err = o.checkClientCert(ctx, id, *up.ClientCert); err != nil {
 			return Endpoint{}, err
 		}
 	}

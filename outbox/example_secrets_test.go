@@ -12,8 +12,9 @@ import (
 	"github.com/txhook/txhook/outbox"
 )
 
-// Encrypt endpoint signing secrets at rest with a keyring from the
-// environment, and move existing rows to its current key.
+// Encrypt endpoint signing secrets (and client certificate keys) at rest
+// with a keyring from the environment, and move existing rows to its
+// current key.
 func ExampleAESGCM() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
@@ -59,5 +60,5 @@ func ExampleAESGCM() {
 	// Output:
 	// stored under key k1
 	// read back: true
-	// {Endpoints:1 Encrypted:0 Rekeyed:0}
+	// {Endpoints:1 Encrypted:0 Rekeyed:0 ClientKeysEncrypted:0 ClientKeysRekeyed:0}
 }

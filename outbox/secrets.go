@@ -8,33 +8,46 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/txhook/txhook/internal/store"
 )
 
-// Secrets at rest. txhook_endpoints.secrets holds either the plaintext JSON
-// array of an endpoint's secrets (no Config.SecretCipher, or a row written
-// before one was set) or, encrypted, the JSON object
+// Secrets at rest. Two columns of txhook_endpoints hold what can forge or
+// impersonate: secrets (the JSON array of an endpoint's signing secrets)
+// and client_key (the PEM private key of its TLS client certificate, ""
+// for none). Each holds either that plaintext (no Config.SecretCipher, or a
+// row written before one was set) or, encrypted, the JSON object
 //
-//	{"v": 1, "kid": "<key ID>", "ct": "<base64 ciphertext of that array>"}
+//	{"v": 1, "kid": "<key ID>", "ct": "<base64 ciphertext of the plaintext>"}
 //
-// The ciphertext is bound to the endpoint: its associated data is
-// secretsAD(endpoint ID), so a ciphertext copied into another endpoint's row
-// does not decrypt. Both forms are read everywhere; writes use the
-// encrypted one whenever a Cipher is configured.
+// The ciphertext is bound to its column and endpoint: its associated data
+// is sealedAD(column, endpoint ID), so a ciphertext copied into another
+// endpoint's row, or into the other column, does not decrypt. Both forms
+// are read everywhere; writes use the encrypted one whenever a Cipher is
+// configured.
 
-// sealedSecrets is the encrypted form of the secrets column.
-type sealedSecrets struct {
+// The txhook_endpoints columns stored encrypted.
+const (
+	colSecrets   = "secrets"
+	colClientKey = "client_key"
+)
+
+// sealedValue is the encrypted form of a column.
+type sealedValue struct {
 	V   int    `json:"v"`
 	Kid string `json:"kid"`
 	CT  []byte `json:"ct"`
 }
 
-// secretsAD is the associated data of an endpoint's secrets ciphertext:
-// the column it belongs in and the endpoint ID.
-func secretsAD(endpointID string) []byte {
-	return []byte("txhook_endpoints.secrets\x00" + endpointID)
+// sealedAD is the associated data of the ciphertext in column col of an
+// endpoint's row: the column it belongs in and the endpoint ID.
+func sealedAD(col, endpointID string) []byte {
+	return []byte("txhook_endpoints." + col + "\x00" + endpointID)
 }
 
 // storedKeyID reports whether raw is the encrypted form, and its key ID.
+// Neither plaintext form starts with '{': secrets are a JSON array, and
+// checkClientCert refuses such a key.
 func storedKeyID(raw []byte) (string, bool) {
 	raw = bytes.TrimLeft(raw, " \t\r\n")
 	if len(raw) == 0 || raw[0] != '{' {
@@ -47,48 +60,68 @@ func storedKeyID(raw []byte) (string, bool) {
 	return env.Kid, true
 }
 
-// sealSecrets returns the stored form of an endpoint's secrets: encrypted
-// with Config.SecretCipher when there is one, plaintext JSON otherwise.
-func (o *Outbox) sealSecrets(ctx context.Context, endpointID string, ss []Secret) ([]byte, error) {
-	plain := encodeSecrets(ss)
+// seal returns the stored form of plain in column col of an endpoint's
+// row: with Config.SecretCipher, the encrypted form, and plain is cleared;
+// without, plain itself.
+func (o *Outbox) seal(ctx context.Context, col, endpointID string, plain []byte) ([]byte, error) {
 	c := o.cfg.SecretCipher
 	if c == nil {
 		return plain, nil
 	}
 	defer clear(plain)
-	kid, ct, err := c.Encrypt(ctx, plain, secretsAD(endpointID))
+	kid, ct, err := c.Encrypt(ctx, plain, sealedAD(col, endpointID))
 	if err != nil {
-		return nil, fmt.Errorf("txhook: encrypting the secrets of endpoint %.64q: %w", endpointID, err)
+		return nil, fmt.Errorf("txhook: encrypting the %s of endpoint %.64q: %w", columnNoun(col), endpointID, err)
 	}
-	return json.Marshal(sealedSecrets{V: 1, Kid: kid, CT: ct})
+	return json.Marshal(sealedValue{V: 1, Kid: kid, CT: ct})
+}
+
+// open returns the plaintext of raw, the stored form of column col of an
+// endpoint's row, and whether it was encrypted: then plain is a new buffer
+// the caller clears once done; otherwise it is raw. Errors are
+// *SecretsError.
+func (o *Outbox) open(ctx context.Context, col, endpointID string, raw []byte) (plain []byte, sealed bool, err error) {
+	if _, sealed := storedKeyID(raw); !sealed {
+		return raw, false, nil
+	}
+	var env sealedValue
+	if err := json.Unmarshal(raw, &env); err != nil || env.V != 1 || env.Kid == "" {
+		return nil, true, &SecretsError{EndpointID: endpointID, Column: col, KeyID: env.Kid, Err: errors.New("stored value is not in a known encrypted form")}
+	}
+	c := o.cfg.SecretCipher
+	if c == nil {
+		return nil, true, &SecretsError{EndpointID: endpointID, Column: col, KeyID: env.Kid, Err: ErrNoSecretCipher}
+	}
+	plain, err = c.Decrypt(ctx, env.Kid, env.CT, sealedAD(col, endpointID))
+	if err != nil {
+		return nil, true, &SecretsError{EndpointID: endpointID, Column: col, KeyID: env.Kid, Err: err}
+	}
+	return plain, true, nil
+}
+
+// sealSecrets returns the stored form of an endpoint's secrets: encrypted
+// with Config.SecretCipher when there is one, plaintext JSON otherwise.
+func (o *Outbox) sealSecrets(ctx context.Context, endpointID string, ss []Secret) ([]byte, error) {
+	return o.seal(ctx, colSecrets, endpointID, encodeSecrets(ss))
 }
 
 // openSecrets reads the stored form of an endpoint's secrets. Errors about
 // encryption are *SecretsError.
 func (o *Outbox) openSecrets(ctx context.Context, endpointID string, raw []byte) ([]Secret, error) {
-	if _, sealed := storedKeyID(raw); !sealed {
-		return decodeSecrets(raw)
-	}
-	var env sealedSecrets
-	if err := json.Unmarshal(raw, &env); err != nil || env.V != 1 || env.Kid == "" {
-		return nil, &SecretsError{EndpointID: endpointID, KeyID: env.Kid, Err: errors.New("stored secrets are not in a known encrypted form")}
-	}
-	c := o.cfg.SecretCipher
-	if c == nil {
-		return nil, &SecretsError{EndpointID: endpointID, KeyID: env.Kid, Err: ErrNoSecretCipher}
-	}
-	plain, err := c.Decrypt(ctx, env.Kid, env.CT, secretsAD(endpointID))
+	plain, sealed, err := o.open(ctx, colSecrets, endpointID, raw)
 	if err != nil {
-		return nil, &SecretsError{EndpointID: endpointID, KeyID: env.Kid, Err: err}
+		return nil, err
 	}
-	defer clear(plain)
+	if sealed {
+		defer clear(plain)
+	}
 	return decodeSecrets(plain)
 }
 
-// checkSecretKeys fails, with a *SecretsError, when secrets are stored
-// under a key this outbox cannot use: no Cipher, a key ID the Cipher does
-// not have, or a different key under that ID. It decrypts one endpoint per
-// key ID in use.
+// checkSecretKeys fails, with a *SecretsError, when secrets or client keys
+// are stored under a key this outbox cannot use: no Cipher, a key ID the
+// Cipher does not have, or a different key under that ID. It decrypts one
+// endpoint per key ID in use in each column.
 func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 	samples, err := o.st.SecretKeySamples(ctx)
 	if err != nil {
@@ -98,6 +131,13 @@ func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 		if _, err := o.openSecrets(ctx, s.ID, s.Secrets); err != nil {
 			return err
 		}
+		plain, sealed, err := o.open(ctx, colClientKey, s.ID, s.ClientKey)
+		if err != nil {
+			return err
+		}
+		if sealed {
+			clear(plain)
+		}
 	}
 	return nil
 }
@@ -106,7 +146,7 @@ func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 // plaintext.
 func (o *Outbox) warnUnencrypted() {
 	if o.cfg.SecretCipher == nil {
-		o.log.Warn("txhook: Config.SecretCipher is not set: endpoint signing secrets are stored unencrypted " +
+		o.log.Warn("txhook: Config.SecretCipher is not set: endpoint signing secrets and client certificate keys are stored unencrypted " +
 			"(see \"Secrets at rest\" in txhook's README)")
 	}
 }
@@ -114,20 +154,24 @@ func (o *Outbox) warnUnencrypted() {
 // ReencryptResult counts what ReencryptSecrets did.
 type ReencryptResult struct {
 	Endpoints int // endpoints read
-	Encrypted int // stored in plaintext before, encrypted now
-	Rekeyed   int // encrypted under another key before, under the Cipher's KeyID now
+	Encrypted int // endpoints whose secrets were stored in plaintext before, encrypted now
+	Rekeyed   int // endpoints whose secrets were encrypted under another key before, under the Cipher's KeyID now
+
+	ClientKeysEncrypted int // client certificate keys stored in plaintext before, encrypted now
+	ClientKeysRekeyed   int // client certificate keys encrypted under another key before, under the Cipher's KeyID now
 }
 
 // reencryptBatch is how many endpoints one step of ReencryptSecrets reads,
 // and at most rewrites in one transaction.
 const reencryptBatch = 100
 
-// ReencryptSecrets moves every endpoint's stored secrets to the current
-// key of Config.SecretCipher: plaintext rows (written before a Cipher was
-// configured) are encrypted, and rows encrypted under an older key are
-// encrypted again under Cipher.KeyID(). Run it after setting a Cipher for
-// the first time and after every key rotation, before the old key is
-// dropped; it is idempotent and can be interrupted and run again.
+// ReencryptSecrets moves every endpoint's stored secrets and client
+// certificate key to the current key of Config.SecretCipher: plaintext
+// values (written before a Cipher was configured) are encrypted, and values
+// encrypted under an older key are encrypted again under Cipher.KeyID().
+// Run it after setting a Cipher for the first time and after every key
+// rotation, before the old key is dropped; it is idempotent and can be
+// interrupted and run again.
 //
 // It works in batches of 100 endpoints, one short transaction each, in
 // which the rows it rewrites are locked on PostgreSQL, so it is safe
@@ -135,8 +179,8 @@ const reencryptBatch = 100
 // rows locked by someone else are done once they are free. Relays keep
 // delivering throughout: they decrypt both forms, with every key of the
 // Cipher. It fails with ErrNoSecretCipher without a Cipher, and stops at
-// the first endpoint whose secrets cannot be decrypted (a *SecretsError),
-// returning what it did until then.
+// the first endpoint whose secrets or client key cannot be decrypted (a
+// *SecretsError), returning what it did until then.
 func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) {
 	var res ReencryptResult
 	c := o.cfg.SecretCipher
@@ -146,30 +190,42 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 	current := c.KeyID()
 	stale := func(raw []byte) bool {
 		kid, sealed := storedKeyID(raw)
-		return !sealed || kid != current
+		return len(raw) > 0 && (!sealed || kid != current)
 	}
 	rewrite := func(ids []string) ([]string, error) {
-		var encrypted, rekeyed int
-		skipped, err := o.st.RewriteSecrets(ctx, ids, func(id string, cur []byte) ([]byte, error) {
-			if !stale(cur) {
-				return nil, nil // done meanwhile, by a rotation or another pass
+		var done ReencryptResult
+		// reseal returns the value of column col encrypted under the
+		// current key, or nil if it is already.
+		reseal := func(col, id string, raw []byte, encrypted, rekeyed *int) ([]byte, error) {
+			if !stale(raw) {
+				return nil, nil // none, or done meanwhile by a rotation or another pass
 			}
-			ss, err := o.openSecrets(ctx, id, cur)
+			plain, sealed, err := o.open(ctx, col, id, raw)
 			if err != nil {
 				return nil, err
 			}
-			if _, sealed := storedKeyID(cur); sealed {
-				rekeyed++
+			if sealed {
+				*rekeyed++
 			} else {
-				encrypted++
+				*encrypted++
 			}
-			return o.sealSecrets(ctx, id, ss)
+			return o.seal(ctx, col, id, plain) // clears plain: the row's buffer, or the decrypted copy
+		}
+		skipped, err := o.st.RewriteSecrets(ctx, ids, func(cur store.EndpointSecrets) (next store.EndpointSecrets, err error) {
+			next.ID = cur.ID
+			if next.Secrets, err = reseal(colSecrets, cur.ID, cur.Secrets, &done.Encrypted, &done.Rekeyed); err != nil {
+				return next, err
+			}
+			next.ClientKey, err = reseal(colClientKey, cur.ID, cur.ClientKey, &done.ClientKeysEncrypted, &done.ClientKeysRekeyed)
+			return next, err
 		})
 		if err != nil {
 			return nil, err
 		}
-		res.Encrypted += encrypted
-		res.Rekeyed += rekeyed
+		res.Encrypted += done.Encrypted
+		res.Rekeyed += done.Rekeyed
+		res.ClientKeysEncrypted += done.ClientKeysEncrypted
+		res.ClientKeysRekeyed += done.ClientKeysRekeyed
 		return skipped, nil
 	}
 
@@ -187,7 +243,7 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 		res.Endpoints += len(page)
 		var ids []string
 		for _, p := range page {
-			if stale(p.Secrets) {
+			if stale(p.Secrets) || stale(p.ClientKey) {
 				ids = append(ids, p.ID)
 			}
 		}

@@ -3,9 +3,12 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -53,11 +56,12 @@ func (b *bundle) reopen(cfg outbox.Config) *bundle {
 	return setup(b.t, b.db, cfg)
 }
 
-// storedSecrets reads an endpoint's secrets column as stored.
-func (b *bundle) storedSecrets(id string) string {
+// stored reads column col (secrets or client_key) of an endpoint as
+// stored.
+func (b *bundle) stored(col, id string) string {
 	b.t.Helper()
 	var s string
-	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT secrets FROM txhook_endpoints WHERE id = ?`), id).Scan(&s); err != nil {
+	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT `+col+` FROM txhook_endpoints WHERE id = ?`), id).Scan(&s); err != nil {
 		b.t.Fatal(err)
 	}
 	return s
@@ -192,6 +196,28 @@ func secretNeedles(t *testing.T, secret string) []string {
 	return needles
 }
 
+// keyNeedles are the forms in which a PEM private key could show in a
+// dump: the PEM, its base64 body (whole, and its first line), the DER and
+// the private scalar, raw and encoded.
+func keyNeedles(t *testing.T, keyPEM []byte) []string {
+	t.Helper()
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		t.Fatal("key is not PEM")
+	}
+	body := base64.StdEncoding.EncodeToString(block.Bytes)
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scalar, err := key.(*ecdsa.PrivateKey).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{string(keyPEM), body, body[:64], hex.EncodeToString(block.Bytes), string(block.Bytes),
+		hex.EncodeToString(scalar), base64.StdEncoding.EncodeToString(scalar)[:40], string(scalar)}
+}
+
 func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
 		for _, encrypted := range []bool{false, true} {
@@ -221,6 +247,12 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 					t.Fatal(err)
 				}
 				deadEp := b.endpoint("m", rc.URL+"/dead")
+				// An endpoint behind mutual TLS: its client key is a secret too.
+				mtls := newMTLSServer(t)
+				cert := mtls.clientCert(t, "relay-for-m")
+				if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m", URL: mtls.URL, ClientCert: cert}); err != nil {
+					t.Fatal(err)
+				}
 				rotated, err := b.ob.RotateSecret(b.ctx, hmacEp.ID, outbox.Rotation{})
 				if err != nil {
 					t.Fatal(err)
@@ -228,11 +260,14 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				secrets := []string{hmacEp.Secrets[0].Value, rotated.Secrets[0].Value, private, deadEp.Secrets[0].Value}
 
 				// Deliveries, attempts and a dead letter, so every table has rows.
-				b.relay(outbox.RelayConfig{Retry: fastRetryAttempts(1)})
+				b.relay(outbox.RelayConfig{Retry: fastRetryAttempts(1), RootCAs: mtls.roots})
 				b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"amount":1}`)})
 				b.eventually("delivered and dead-lettered", func() bool {
-					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 3
+					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 4
 				})
+				if cn := recv(t, mtls.peers, "the mTLS delivery"); cn != "relay-for-m" {
+					t.Fatalf("the mTLS server saw client %q", cn)
+				}
 				for _, got := range rc.requests() {
 					v, err := verify.New(verify.Config{Secrets: []string{rotated.Secrets[0].Value, public, deadEp.Secrets[0].Value}})
 					if err != nil {
@@ -260,6 +295,18 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				}
 				if !encrypted && found == 0 {
 					t.Fatal("control: the plaintext dump holds no secret; the dump misses the secrets column")
+				}
+				found = 0
+				for _, n := range keyNeedles(t, cert.KeyPEM) {
+					if strings.Contains(dump, n) {
+						found++
+						if encrypted {
+							t.Errorf("the dump holds the client certificate's private key (as %d bytes)", len(n))
+						}
+					}
+				}
+				if !encrypted && found == 0 {
+					t.Fatal("control: the plaintext dump holds no client key; the dump misses the client_key column")
 				}
 			})
 		}
@@ -309,20 +356,7 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 			t.Fatalf("first's delivery: %v", err)
 		}
 		b.enqueue(outbox.Event{Tenant: "m", Type: "b", Payload: []byte(`2`)})
-		b.eventually("the key error logged", func() bool {
-			for _, r := range logs.records() {
-				if r.Level == slog.LevelError && strings.Contains(r.Msg, "cannot decrypt") && strings.Contains(r.Attrs["error"], second.ID) {
-					return true
-				}
-			}
-			return false
-		})
-		b.eventually("second's delivery given back unspent", func() bool {
-			return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state = 'pending' AND attempts = 0`, second.ID) == 1
-		})
-		if n := b.count(`SELECT COUNT(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, second.ID); n != 0 {
-			t.Fatalf("%d attempts recorded for second", n)
-		}
+		b.waitsForKey(logs, second.ID, "secrets")
 		if len(rc.requests()) != 1 {
 			t.Fatalf("%d requests sent, want 1 (first's)", len(rc.requests()))
 		}
@@ -334,6 +368,28 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 			}
 		}
 	})
+}
+
+// waitsForKey waits until the relay has logged that it cannot decrypt
+// what (the secrets or client key) of endpoint id, and has given the
+// endpoint's one delivery back without spending an attempt.
+func (b *bundle) waitsForKey(logs *logRecorder, id, what string) {
+	b.t.Helper()
+	b.eventually("the key error logged", func() bool {
+		for _, r := range logs.records() {
+			if r.Level == slog.LevelError && strings.Contains(r.Msg, "cannot decrypt") &&
+				strings.Contains(r.Attrs["error"], id) && strings.Contains(r.Attrs["error"], what) {
+				return true
+			}
+		}
+		return false
+	})
+	b.eventually("the delivery given back unspent", func() bool {
+		return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state = 'pending' AND attempts = 0`, id) == 1
+	})
+	if n := b.count(`SELECT COUNT(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, id); n != 0 {
+		b.t.Fatalf("%d attempts recorded for %s", n, id)
+	}
 }
 
 // verifyWith checks a received request with package verify and with the
@@ -438,7 +494,7 @@ func TestSecretsPlaintextRowsKeepWorking(t *testing.T) {
 		var eps []outbox.Endpoint
 		for i := range 3 {
 			eps = append(eps, plain.endpoint(fmt.Sprint("m", i), rc.URL))
-			if !strings.HasPrefix(plain.storedSecrets(eps[i].ID), "[") {
+			if !strings.HasPrefix(plain.stored("secrets", eps[i].ID), "[") {
 				t.Fatal("a plaintext outbox stored secrets in another form")
 			}
 		}

@@ -1,8 +1,12 @@
 package outbox
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,7 +161,8 @@ type ClientCert struct {
 	CertPEM []byte
 	// KeyPEM is the leaf's private key, PEM-encoded (PKCS #1, PKCS #8 or
 	// SEC 1). It is write-only: endpoints read back carry the certificate
-	// without it.
+	// without it. With Config.SecretCipher set it is stored encrypted, like
+	// signing secrets, and decrypted by relays in memory only.
 	KeyPEM []byte
 }
 
@@ -199,7 +204,8 @@ func (c ClientCert) check(now time.Time) error {
 	if len(c.CertPEM)+len(c.KeyPEM) > MaxClientCertBytes {
 		return fmt.Errorf("%w: %w: longer than %d bytes", ErrInvalidEndpoint, ErrInvalidClientCert, MaxClientCertBytes)
 	}
-	if !utf8Valid(string(c.CertPEM)) || !utf8Valid(string(c.KeyPEM)) {
+	// A key starting with '{' would read as the encrypted form (secrets.go).
+	if !utf8Valid(string(c.CertPEM)) || !utf8Valid(string(c.KeyPEM)) || bytes.HasPrefix(bytes.TrimLeft(c.KeyPEM, " \t\r\n"), []byte("{")) {
 		return fmt.Errorf("%w: %w: not PEM", ErrInvalidEndpoint, ErrInvalidClientCert)
 	}
 	leaf, err := c.leaf()
@@ -218,7 +224,11 @@ func (c ClientCert) check(now time.Time) error {
 type transportCache struct {
 	mu      sync.Mutex
 	headers map[string]map[string]string
-	certs   map[[2]string]*tls.Certificate
+	// certs is keyed by a digest of the endpoint ID, the certificate and
+	// the stored key (encrypted or not), so that it holds no key material
+	// but the parsed certificates, and an entry serves only the endpoint
+	// whose row it was read from, as an encrypted key is bound to it.
+	certs map[[sha256.Size]byte]*tls.Certificate
 }
 
 // header returns the decoded headers of raw (nil for none).
@@ -244,26 +254,39 @@ func (tc *transportCache) header(raw []byte) (map[string]string, error) {
 	return h, nil
 }
 
-// cert returns the parsed client certificate (nil for none).
-func (tc *transportCache) cert(certPEM, keyPEM string) (*tls.Certificate, error) {
+// cert returns the parsed client certificate of an endpoint (nil for
+// none), decrypting its stored key in memory if need be. A key that does
+// not decrypt is a *SecretsError.
+func (tc *transportCache) cert(ctx context.Context, o *Outbox, endpointID, certPEM, storedKey string) (*tls.Certificate, error) {
 	if certPEM == "" {
 		return nil, nil
 	}
-	k := [2]string{certPEM, keyPEM}
+	d := sha256.New()
+	for _, f := range []string{endpointID, certPEM, storedKey} {
+		d.Write(binary.BigEndian.AppendUint64(nil, uint64(len(f))))
+		d.Write([]byte(f))
+	}
+	var k [sha256.Size]byte
+	d.Sum(k[:0])
 	tc.mu.Lock()
 	c, ok := tc.certs[k]
 	tc.mu.Unlock()
 	if ok {
 		return c, nil
 	}
-	parsed, err := tls.X509KeyPair([]byte(certPEM), []byte(keyPEM))
+	keyPEM, _, err := o.open(ctx, colClientKey, endpointID, []byte(storedKey))
+	if err != nil {
+		return nil, err
+	}
+	parsed, err := tls.X509KeyPair([]byte(certPEM), keyPEM)
+	clear(keyPEM) // decrypted, or this function's copy
 	if err != nil {
 		return nil, fmt.Errorf("stored client certificate: %w", err)
 	}
 	c = &parsed
 	tc.mu.Lock()
 	if tc.certs == nil || len(tc.certs) > 1000 {
-		tc.certs = map[[2]string]*tls.Certificate{}
+		tc.certs = map[[sha256.Size]byte]*tls.Certificate{}
 	}
 	tc.certs[k] = c
 	tc.mu.Unlock()

@@ -37,7 +37,7 @@ type Claimed struct {
 	Versions      []byte // JSON object: pinned schema version by type
 	Headers       []byte // JSON object: custom request headers
 	ClientCert    string // PEM chain; "" for none
-	ClientKey     string // PEM private key of ClientCert
+	ClientKey     string // PEM private key of ClientCert, or its encrypted envelope (outbox/secrets.go)
 }
 
 // The columns every claim returns, in scanClaimed's order, after the

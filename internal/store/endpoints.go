@@ -23,7 +23,7 @@ type EndpointRow struct {
 	Versions       []byte // JSON object
 	Headers        []byte // JSON object: custom request headers
 	ClientCert     string // PEM chain; "" for none
-	ClientKey      string // PEM private key of ClientCert
+	ClientKey      string // PEM private key of ClientCert, or its encrypted envelope (outbox/secrets.go)
 	FailingSince   time.Time
 	LastSuccessAt  time.Time
 	LastFailureAt  time.Time

@@ -239,7 +239,7 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 				"SecretsPage":      func() error { _, err := s.SecretsPage(ctx, "", 10); return err },
 				"SecretKeySamples": func() error { _, err := s.SecretKeySamples(ctx); return err },
 				"RewriteSecrets": func() error {
-					_, err := s.RewriteSecrets(ctx, []string{ep.ID}, func(string, []byte) ([]byte, error) { return nil, nil })
+					_, err := s.RewriteSecrets(ctx, []string{ep.ID}, func(store.EndpointSecrets) (store.EndpointSecrets, error) { return store.EndpointSecrets{}, nil })
 					return err
 				},
 				"DeadLettersByEndpoint": func() error { _, err := s.DeadLettersByEndpoint(ctx); return err },

@@ -5,16 +5,18 @@ import (
 	"encoding/json"
 )
 
-// EndpointSecrets is an endpoint's ID and its stored secrets column.
+// EndpointSecrets is an endpoint's ID and its columns that are stored
+// encrypted when the outbox has a Cipher (outbox/secrets.go).
 type EndpointSecrets struct {
-	ID      string
-	Secrets []byte
+	ID        string
+	Secrets   []byte
+	ClientKey []byte // empty for no client certificate
 }
 
-// SecretsPage reads up to limit endpoints' secrets in ID order, starting
-// after the ID after, without locking them.
+// SecretsPage reads up to limit endpoints' secrets and client keys in ID
+// order, starting after the ID after, without locking them.
 func (s *Store) SecretsPage(ctx context.Context, after string, limit int) ([]EndpointSecrets, error) {
-	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets FROM txhook_endpoints WHERE id > ? ORDER BY id LIMIT ?`), after, limit)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets, client_key FROM txhook_endpoints WHERE id > ? ORDER BY id LIMIT ?`), after, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -30,23 +32,27 @@ func scanSecrets(rows interface {
 	defer rows.Close()
 	var out []EndpointSecrets
 	for rows.Next() {
-		var id, secrets string
-		if err := rows.Scan(&id, &secrets); err != nil {
+		var id, secrets, key string
+		if err := rows.Scan(&id, &secrets, &key); err != nil {
 			return nil, err
 		}
-		out = append(out, EndpointSecrets{ID: id, Secrets: []byte(secrets)})
+		out = append(out, EndpointSecrets{ID: id, Secrets: []byte(secrets), ClientKey: []byte(key)})
 	}
 	return out, rows.Err()
 }
 
 // SecretKeySamples returns, for each key ID found in an encrypted secrets
 // column (a JSON object with a "kid" member), the endpoint with the
-// lowest ID stored under it and its secrets: enough to check at start-up
-// that every key in use is known and right, without reading every row.
+// lowest ID stored under it, and the same for each key ID in an encrypted
+// client_key column (text starting with '{'), with their secrets and
+// client keys: enough to check at start-up that every key in use is known
+// and right, without reading every row.
 func (s *Store) SecretKeySamples(ctx context.Context) ([]EndpointSecrets, error) {
-	q := `SELECT MIN(id) FROM txhook_endpoints WHERE json_type(secrets) = 'object' GROUP BY json_extract(secrets, '$.kid')`
+	q := `SELECT MIN(id) FROM txhook_endpoints WHERE json_type(secrets) = 'object' GROUP BY json_extract(secrets, '$.kid')
+UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' GROUP BY json_extract(client_key, '$.kid')`
 	if s.Dialect == Postgres {
-		q = `SELECT MIN(id) FROM txhook_endpoints WHERE jsonb_typeof(secrets) = 'object' GROUP BY secrets->>'kid'`
+		q = `SELECT MIN(id) FROM txhook_endpoints WHERE jsonb_typeof(secrets) = 'object' GROUP BY secrets->>'kid'
+UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' GROUP BY client_key::jsonb->>'kid'`
 	}
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(q))
 	if err != nil {
@@ -66,7 +72,7 @@ func (s *Store) SecretKeySamples(ctx context.Context) ([]EndpointSecrets, error)
 		return nil, err
 	}
 	list, _ := json.Marshal(ids)
-	rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets FROM txhook_endpoints WHERE `+s.textIDsIn("id")+` ORDER BY id`), string(list))
+	rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets, client_key FROM txhook_endpoints WHERE `+s.textIDsIn("id")+` ORDER BY id`), string(list))
 	if err != nil {
 		return nil, err
 	}
@@ -81,9 +87,9 @@ func (s *Store) textIDsIn(col string) string {
 	return col + ` IN (SELECT value FROM json_each(?))`
 }
 
-// RewriteSecrets rewrites the secrets of the endpoints ids in one
-// transaction: fn gets each row's current value and returns the new one,
-// or nil to leave the row alone. On PostgreSQL the rows are locked (FOR
+// RewriteSecrets rewrites the secrets and client keys of the endpoints ids
+// in one transaction: fn gets each row's current values and returns the
+// new ones, a nil Secrets or ClientKey leaving that column alone. On PostgreSQL the rows are locked (FOR
 // UPDATE SKIP LOCKED), so a concurrent ModifySecrets never loses its
 // write, and rows another transaction holds are skipped rather than
 // waited for, so this never takes part in a deadlock: it returns the IDs
@@ -91,7 +97,7 @@ func (s *Store) textIDsIn(col string) string {
 // later. On SQLite the transaction holds the database's write lock and
 // skips nothing. updated_at is left alone: the endpoint does not change,
 // only how its secrets are stored.
-func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(id string, current []byte) ([]byte, error)) (skipped []string, err error) {
+func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(current EndpointSecrets) (EndpointSecrets, error)) (skipped []string, err error) {
 	list, _ := json.Marshal(ids)
 	where := ` FROM txhook_endpoints WHERE ` + s.textIDsIn("id") + ` ORDER BY id`
 	err = s.Tx(ctx, func(q Querier) error {
@@ -100,7 +106,7 @@ func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(id str
 		lock := ""
 		if s.Dialect == Postgres {
 			lock = " FOR UPDATE SKIP LOCKED"
-			rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, ''`+where), string(list))
+			rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, '', ''`+where), string(list))
 			if err != nil {
 				return err
 			}
@@ -113,7 +119,7 @@ func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(id str
 				exist[e.ID] = true
 			}
 		}
-		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, secrets`+where+lock), string(list))
+		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, secrets, client_key`+where+lock), string(list))
 		if err != nil {
 			return err
 		}
@@ -123,12 +129,17 @@ func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(id str
 		}
 		for _, c := range cur {
 			delete(exist, c.ID)
-			next, err := fn(c.ID, c.Secrets)
+			next, err := fn(c)
 			if err != nil {
 				return err
 			}
-			if next != nil {
-				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET secrets = ? WHERE id = ?`), string(next), c.ID); err != nil {
+			if next.Secrets != nil {
+				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET secrets = ? WHERE id = ?`), string(next.Secrets), c.ID); err != nil {
+					return err
+				}
+			}
+			if next.ClientKey != nil {
+				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET client_key = ? WHERE id = ?`), string(next.ClientKey), c.ID); err != nil {
 					return err
 				}
 			}
