@@ -75,14 +75,14 @@ func (o *overlapReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // clockWarning is what a relay logs when its clock is beyond tolerance.
 const clockWarning = "clock is off from the database's"
 
-// Two relays share an outbox; one's clock runs 20 s ahead. Leases are
+// Two relays share an outbox; one's clock runs 2 min ahead. Leases are
 // timed by the database's clock, so the fast relay never takes over a
 // delivery the other still has in flight (with its own clock it would
 // think every lease of the other expired), nothing is sent twice at once,
 // no lease is lost, and the fast relay says once that its clock is off.
 func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		const skew = 20 * time.Second
+		const skew = 2 * time.Minute
 		var normalLog, fastLog logBuffer
 		b := setup(t, db, outbox.Config{Logger: normalLog.logger()})
 		fastCfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Clock: skewedClock{skew}, Logger: fastLog.logger()}
@@ -101,9 +101,14 @@ func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 			b.endpoint(fmt.Sprintf("m%d", i), srv.URL)
 		}
 
-		// A short lease, so that with the fast relay's clock every lease of
-		// the normal relay would look expired 17 s before it is.
-		rc := outbox.RelayConfig{Lease: 3 * time.Second, Timeout: 1500 * time.Millisecond, Concurrency: 16, BatchSize: 16}
+		// A lease shorter than the skew, so that with the fast relay's
+		// clock every lease of the normal relay would look expired 90 s
+		// before it is. Yet a long one: a relay writes an outcome within
+		// a fifth of the lease after its request's timeout or not at all,
+		// and on a loaded machine (SQLite's one writer shared by two relays
+		// and the enqueuer) a 3 s lease, 0.6 s of slack, let real leases
+		// lapse, which the other relay then rightly took over.
+		rc := outbox.RelayConfig{Lease: 30 * time.Second, Timeout: 5 * time.Second, Concurrency: 16, BatchSize: 16}
 		rc.ID = "normal"
 		normal := b.relay(rc)
 		fastBundle := &bundle{t: t, db: db, ob: fastOB, ctx: b.ctx}
