@@ -85,7 +85,7 @@ func haveIPv6() bool {
 }
 
 // private is the config for tests against loopback servers.
-var private = Config{AllowHTTP: true, AllowPrivate: true}
+var private = roomy(Config{AllowHTTP: true, AllowPrivate: true})
 
 func post(t *testing.T, c *Client, url string) Result {
 	t.Helper()
@@ -139,7 +139,7 @@ func TestPostKeepsCallerUserAgent(t *testing.T) {
 	t.Parallel()
 	ua := make(chan string, 1)
 	srv := startServer(t, plainHTTP, func(w http.ResponseWriter, r *http.Request) { ua <- r.UserAgent() })
-	c := New(Config{AllowHTTP: true, AllowPrivate: true, UserAgent: "ignored"})
+	c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, UserAgent: "ignored"}))
 	res := c.Post(context.Background(), srv.URL, http.Header{"User-Agent": {"mine/2"}}, nil)
 	if !res.OK() {
 		t.Fatal(res.Err)
@@ -152,7 +152,7 @@ func TestPostKeepsCallerUserAgent(t *testing.T) {
 func TestPostRefusesLoopback(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, plainHTTP, ok)
-	c := New(Config{AllowHTTP: true})
+	c := New(roomy(Config{AllowHTTP: true}))
 	res := post(t, c, srv.URL+"/in")
 	wantErr(t, res, ErrForbiddenAddress)
 	if res.Status != 0 {
@@ -226,7 +226,7 @@ func TestPostRedirectToForbiddenAddress(t *testing.T) {
 			})
 			// The guard is on, but lets exactly this server through: the
 			// test is about the hop, not the first request.
-			c := newClient(Config{AllowHTTP: true}, testHooks{allow: []netip.AddrPort{srv.addrPort()}})
+			c := newClient(roomy(Config{AllowHTTP: true}), testHooks{allow: []netip.AddrPort{srv.addrPort()}})
 			res := post(t, c, srv.URL+"/in")
 			wantErr(t, res, ErrForbiddenAddress)
 			if res.Status != 0 {
@@ -280,7 +280,7 @@ func TestPostRedirectCounts(t *testing.T) {
 					io.WriteString(w, "moved")
 				}
 			})
-			c := New(Config{AllowHTTP: true, AllowPrivate: true, MaxRedirects: tt.maxRedirects})
+			c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, MaxRedirects: tt.maxRedirects}))
 			res := post(t, c, srv.URL+tt.path)
 			if tt.want == nil {
 				if !res.OK() {
@@ -357,7 +357,7 @@ func TestPostRedirectTargetRules(t *testing.T) {
 				w.Header().Set("Location", tt.location)
 				w.WriteHeader(http.StatusFound)
 			})
-			c := newClient(Config{AllowPrivate: true}, testHooks{rootCAs: srv.roots})
+			c := newClient(roomy(Config{AllowPrivate: true}), testHooks{rootCAs: srv.roots})
 			res := post(t, c, srv.URL+"/in")
 			wantErr(t, res, tt.want)
 			if strings.Contains(res.Err.Error(), "secret") {
@@ -390,7 +390,7 @@ func TestPostInvalidURL(t *testing.T) {
 		{"https://8.8.8.8:secret/", ErrInvalidURL},
 		{"https://8.8.8.8/\x7fsecret", ErrInvalidURL},
 	}
-	c := New(Config{})
+	c := New(roomy(Config{}))
 	for _, tt := range tests {
 		res := post(t, c, tt.url)
 		if !errors.Is(res.Err, tt.want) {
@@ -413,7 +413,7 @@ func TestPostHangingReceiver(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { close(release) }) // runs before srv.Close
-	c := New(Config{AllowHTTP: true, AllowPrivate: true, Timeout: 200 * time.Millisecond})
+	c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, Timeout: 200 * time.Millisecond}))
 	res := post(t, c, srv.URL)
 	wantErr(t, res, ErrTimeout)
 	if res.Status != 0 {
@@ -466,7 +466,7 @@ func TestPostTLSHandshakeHangs(t *testing.T) {
 			c.Close()
 		}
 	})
-	c := New(Config{AllowPrivate: true, Timeout: 200 * time.Millisecond})
+	c := New(roomy(Config{AllowPrivate: true, Timeout: 200 * time.Millisecond}))
 	res := post(t, c, "https://"+l.Addr().String()+"/in")
 	wantErr(t, res, ErrTimeout)
 	if res.Duration > 5*time.Second {
@@ -497,7 +497,7 @@ func TestPostTricklingBody(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { close(release) })
-	c := New(Config{AllowHTTP: true, AllowPrivate: true, Timeout: 300 * time.Millisecond})
+	c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, Timeout: 300 * time.Millisecond}))
 	res := post(t, c, srv.URL)
 	wantErr(t, res, ErrTimeout)
 	if res.Status != http.StatusOK {
@@ -529,7 +529,7 @@ func TestPostHugeBodyIsNotRead(t *testing.T) {
 		}
 		written <- n
 	})
-	c := New(Config{AllowHTTP: true, AllowPrivate: true, ExcerptBytes: 1000})
+	c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, ExcerptBytes: 1000}))
 
 	runtime.GC()
 	var before, after runtime.MemStats
@@ -591,7 +591,7 @@ func TestPostExcerpt(t *testing.T) {
 				w.WriteHeader(http.StatusInternalServerError)
 				io.WriteString(w, tt.body)
 			})
-			c := New(Config{AllowHTTP: true, AllowPrivate: true, ExcerptBytes: tt.limit})
+			c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, ExcerptBytes: tt.limit}))
 			res := post(t, c, srv.URL)
 			wantErr(t, res, ErrStatus)
 			if string(res.Excerpt) != tt.want {
@@ -653,14 +653,14 @@ func TestPostTLS(t *testing.T) {
 	})
 
 	// Untrusted certificate.
-	res := post(t, New(Config{AllowPrivate: true}), srv.URL)
+	res := post(t, New(roomy(Config{AllowPrivate: true})), srv.URL)
 	wantErr(t, res, ErrTLS)
 	if srv.hits.Load() != 0 {
 		t.Fatal("request sent over an unverified connection")
 	}
 
 	// Trusted: HTTP/2 through the guarded TLS dialer.
-	res = post(t, newClient(Config{AllowPrivate: true}, testHooks{rootCAs: srv.roots}), srv.URL)
+	res = post(t, newClient(roomy(Config{AllowPrivate: true}), testHooks{rootCAs: srv.roots}), srv.URL)
 	if !res.OK() || string(res.Excerpt) != "h2 ok" {
 		t.Fatalf("res = %+v", res)
 	}
@@ -669,14 +669,14 @@ func TestPostTLS(t *testing.T) {
 	}
 
 	// The guard applies to TLS connections too.
-	res = post(t, newClient(Config{}, testHooks{rootCAs: srv.roots}), srv.URL)
+	res = post(t, newClient(roomy(Config{}), testHooks{rootCAs: srv.roots}), srv.URL)
 	wantErr(t, res, ErrForbiddenAddress)
 }
 
 func TestPostPlainHTTPToTLSPort(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, plainHTTP, ok)
-	res := post(t, New(Config{AllowPrivate: true}), "https://"+srv.Listener.Addr().String())
+	res := post(t, New(roomy(Config{AllowPrivate: true})), "https://"+srv.Listener.Addr().String())
 	wantErr(t, res, ErrTLS)
 }
 
@@ -763,7 +763,7 @@ func TestPostReusesConnections(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			srv := startServer(t, plainHTTP, tt.h)
-			c := New(Config{AllowHTTP: true, AllowPrivate: true, MaxBodyBytes: 8 << 10})
+			c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, MaxBodyBytes: 8 << 10}))
 			for i := 0; i < 100; i++ {
 				res := post(t, c, srv.URL+"/")
 				if res.Status == 0 {
@@ -782,7 +782,7 @@ func TestPostOverCapClosesConnection(t *testing.T) {
 	srv := startServer(t, plainHTTP, func(w http.ResponseWriter, r *http.Request) {
 		w.Write(make([]byte, 12<<10))
 	})
-	c := New(Config{AllowHTTP: true, AllowPrivate: true, MaxBodyBytes: 8 << 10})
+	c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, MaxBodyBytes: 8 << 10}))
 	for i := 0; i < 10; i++ {
 		if res := post(t, c, srv.URL); !res.OK() {
 			t.Fatal(res.Err)
@@ -820,4 +820,19 @@ func TestPostConcurrent(t *testing.T) {
 		t.Error(err)
 	}
 	c.CloseIdleConnections()
+}
+
+// roomy gives a client that a test does not time out generous bounds in
+// place of the 5 s and 3 s defaults: a TLS handshake under the race
+// detector on a loaded 2-core machine can take longer than 5 s, and these
+// tests are about what a request does, not how long it takes. Tests of the
+// timeouts set their own.
+func roomy(c Config) Config {
+	if c.Timeout == 0 {
+		c.Timeout = 2 * time.Minute
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 2 * time.Minute
+	}
+	return c
 }
