@@ -196,6 +196,16 @@ func secretNeedles(t *testing.T, secret string) []string {
 	return needles
 }
 
+// bearerToken is a fresh random token for an Authorization header.
+func bearerToken(t testing.TB) string {
+	t.Helper()
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		t.Fatal(err)
+	}
+	return "tok_" + hex.EncodeToString(raw)
+}
+
 // keyNeedles are the forms in which a PEM private key could show in a
 // dump: the PEM, its base64 body (whole, and its first line), the DER and
 // the private scalar, raw and encoded.
@@ -257,19 +267,30 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				secrets := []string{hmacEp.Secrets[0].Value, rotated.Secrets[0].Value, private, deadEp.Secrets[0].Value}
+				// A receiver's own credential in a custom header is a secret too.
+				token := bearerToken(t)
+				hdrEp, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m", URL: rc.URL + "/hdr",
+					Headers: outbox.Headers{"Authorization": "Bearer " + token, "X-Route": "eu"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				secrets := []string{hmacEp.Secrets[0].Value, rotated.Secrets[0].Value, private, deadEp.Secrets[0].Value, hdrEp.Secrets[0].Value}
 
 				// Deliveries, attempts and a dead letter, so every table has rows.
 				b.relay(outbox.RelayConfig{Retry: fastRetryAttempts(1), RootCAs: mtls.roots})
 				b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"amount":1}`)})
 				b.eventually("delivered and dead-lettered", func() bool {
-					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 4
+					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 5
 				})
 				if cn := recv(t, mtls.peers, "the mTLS delivery"); cn != "relay-for-m" {
 					t.Fatalf("the mTLS server saw client %q", cn)
 				}
+				withHeader := 0
 				for _, got := range rc.requests() {
-					v, err := verify.New(verify.Config{Secrets: []string{rotated.Secrets[0].Value, public, deadEp.Secrets[0].Value}})
+					if got.Header.Get("Authorization") == "Bearer "+token && got.Header.Get("X-Route") == "eu" {
+						withHeader++
+					}
+					v, err := verify.New(verify.Config{Secrets: []string{rotated.Secrets[0].Value, public, deadEp.Secrets[0].Value, hdrEp.Secrets[0].Value}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -277,8 +298,14 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 						t.Errorf("delivery does not verify: %v", err)
 					}
 				}
+				if withHeader != 1 {
+					t.Fatalf("%d requests carried the endpoint's headers, want 1", withHeader)
+				}
 				if ep, err := b.ob.Endpoint(b.ctx, edEp.ID); err != nil || ep.Secrets[0].Value != private {
 					t.Fatalf("endpoint read back: %v", err)
+				}
+				if ep, err := b.ob.Endpoint(b.ctx, hdrEp.ID); err != nil || ep.Headers["Authorization"] != "Bearer "+token || len(ep.Headers) != 2 {
+					t.Fatalf("headers read back: %v, %v", ep.Headers, err)
 				}
 
 				dump := b.dump()
@@ -307,6 +334,13 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				}
 				if !encrypted && found == 0 {
 					t.Fatal("control: the plaintext dump holds no client key; the dump misses the client_key column")
+				}
+				if strings.Contains(dump, token) {
+					if encrypted {
+						t.Error("the dump holds the Authorization header's token")
+					}
+				} else if !encrypted {
+					t.Fatal("control: the plaintext dump holds no header token; the dump misses the headers column")
 				}
 			})
 		}
