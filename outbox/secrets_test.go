@@ -71,15 +71,23 @@ func (b *bundle) stored(col, id string) string {
 // plaintext.
 func (b *bundle) storedKeyID(id string) string {
 	b.t.Helper()
-	q := `SELECT COALESCE(json_extract(secrets, '$.kid'), '') FROM txhook_endpoints WHERE id = ?`
+	return b.queryString(`SELECT COALESCE(json_extract(secrets, '$.kid'), '') FROM txhook_endpoints WHERE id = ?`,
+		`SELECT COALESCE(secrets->>'kid', '') FROM txhook_endpoints WHERE id = ?`, id)
+}
+
+// queryString runs the query of b's dialect, sqlite or postgres, and
+// returns its one text value.
+func (b *bundle) queryString(sqlite, postgres string, args ...any) string {
+	b.t.Helper()
+	q := sqlite
 	if b.db.Backend.Postgres() {
-		q = `SELECT COALESCE(secrets->>'kid', '') FROM txhook_endpoints WHERE id = ?`
+		q = postgres
 	}
-	var kid string
-	if err := b.db.QueryRowContext(b.ctx, b.rebind(q), id).Scan(&kid); err != nil {
+	var s string
+	if err := b.db.QueryRowContext(b.ctx, b.rebind(q), args...).Scan(&s); err != nil {
 		b.t.Fatal(err)
 	}
-	return kid
+	return s
 }
 
 // dump returns every column of every row of every txhook table as text,
@@ -394,14 +402,47 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 		if len(rc.requests()) != 1 {
 			t.Fatalf("%d requests sent, want 1 (first's)", len(rc.requests()))
 		}
-		for _, r := range logs.records() {
-			for _, v := range r.Attrs {
-				if strings.Contains(v, first.Secrets[0].Value) || strings.Contains(v, second.Secrets[0].Value) {
-					t.Fatalf("a log line shows a secret: %s", r.Msg)
+		if msg, ok := logs.holding(first.Secrets[0].Value, second.Secrets[0].Value); ok {
+			t.Fatalf("a log line shows a secret: %s", msg)
+		}
+	})
+}
+
+// holding returns the message of a log record with an attribute that
+// contains one of needles.
+func (l *logRecorder) holding(needles ...string) (string, bool) {
+	for _, r := range l.records() {
+		for _, v := range r.Attrs {
+			for _, n := range needles {
+				if strings.Contains(v, n) {
+					return r.Msg, true
 				}
 			}
 		}
-	})
+	}
+	return "", false
+}
+
+// startRefusedFor empties every endpoint's secrets, so that only column
+// col is stored under key kid, and checks that a relay with Cipher c,
+// which lacks kid, fails Start naming endpoint id, col and kid.
+func (b *bundle) startRefusedFor(c outbox.Cipher, id, col, kid string) {
+	b.t.Helper()
+	if _, err := b.db.ExecContext(b.ctx, `UPDATE txhook_endpoints SET secrets = '[]'`); err != nil {
+		b.t.Fatal(err)
+	}
+	r, err := b.reopen(outbox.Config{SecretCipher: c}).ob.NewRelay(outbox.RelayConfig{})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	err = r.Start(b.ctx)
+	if err == nil {
+		r.Stop(b.ctx)
+	}
+	var se *outbox.SecretsError
+	if !errors.Is(err, outbox.ErrUnknownKey) || !errors.As(err, &se) || se.EndpointID != id || se.Column != col || se.KeyID != kid {
+		b.t.Fatalf("Start without the key of %s: %v", col, err)
+	}
 }
 
 // waitsForKey waits until the relay has logged that it cannot decrypt
