@@ -12,8 +12,8 @@ import (
 	"strings"
 )
 
-// Cipher encrypts endpoint signing secrets and client certificate keys at
-// rest (Config.SecretCipher).
+// Cipher encrypts endpoint signing secrets, client certificate keys and
+// custom headers at rest (Config.SecretCipher).
 // AESGCM is the implementation txhook ships; a host can put its KMS behind
 // this interface instead.
 //
@@ -41,12 +41,13 @@ type Cipher interface {
 
 // Errors of secrets at rest; see SecretsError.
 var (
-	// ErrSecretKey: an endpoint's stored secrets or client certificate key
-	// cannot be decrypted. Every SecretsError matches it; its Err says why.
+	// ErrSecretKey: an endpoint's stored secrets, client certificate key
+	// or custom headers cannot be decrypted. Every SecretsError matches
+	// it; its Err says why.
 	ErrSecretKey = errors.New("txhook: cannot decrypt endpoint secrets")
-	// ErrNoSecretCipher: secrets or client keys are stored encrypted but
-	// Config.SecretCipher is not set (or ReencryptSecrets was called
-	// without one).
+	// ErrNoSecretCipher: secrets, client keys or headers are stored
+	// encrypted but Config.SecretCipher is not set (or ReencryptSecrets
+	// was called without one).
 	ErrNoSecretCipher = errors.New("txhook: Config.SecretCipher is not set")
 	// ErrUnknownKey: the Cipher has no key with the stored key ID.
 	ErrUnknownKey = errors.New("txhook: no key with this ID")
@@ -56,12 +57,13 @@ var (
 	ErrDecrypt = errors.New("txhook: ciphertext does not authenticate (wrong key, altered, or another endpoint's)")
 )
 
-// SecretsError reports an endpoint whose stored secrets or client
-// certificate key cannot be read. errors.Is matches ErrSecretKey and Err.
+// SecretsError reports an endpoint whose stored secrets, client
+// certificate key or custom headers cannot be read. errors.Is matches
+// ErrSecretKey and Err.
 // It names the endpoint, the column and the key ID, never a secret.
 type SecretsError struct {
 	EndpointID string
-	Column     string // the txhook_endpoints column: "secrets" or "client_key"
+	Column     string // the txhook_endpoints column: "secrets", "client_key" or "headers"
 	KeyID      string // the key ID stored with the ciphertext; "" if none
 	Err        error  // ErrNoSecretCipher, ErrUnknownKey, ErrDecrypt or the Cipher's error
 }
@@ -72,8 +74,11 @@ func (e *SecretsError) Error() string {
 
 // columnNoun names what column col holds, for messages.
 func columnNoun(col string) string {
-	if col == colClientKey {
+	switch col {
+	case colClientKey:
 		return "client certificate key"
+	case colHeaders:
+		return "custom headers"
 	}
 	return "secrets"
 }

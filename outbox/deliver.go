@@ -127,10 +127,10 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 }
 
 // endpointTransport returns the endpoint's custom headers and client
-// certificate, decoded (and its key decrypted) once per distinct stored
-// value. A key that does not decrypt is a *SecretsError.
+// certificate, decoded (and decrypted) once per distinct stored value.
+// Headers or a key that do not decrypt are a *SecretsError.
 func (r *Relay) endpointTransport(c *store.Claimed) (map[string]string, *tls.Certificate, error) {
-	h, err := r.transport.header(c.Headers)
+	h, err := r.transport.header(r.httpCtx, r.o, c.EndpointID, c.Headers)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -338,6 +338,6 @@ func (sc *secretCache) keyFailed(log *slog.Logger, now time.Time, err error) {
 	if last != 0 && now.UnixNano()-last < int64(secretKeyRetry) || !sc.keyErrAt.CompareAndSwap(last, now.UnixNano()) {
 		return
 	}
-	log.Error("txhook: cannot decrypt an endpoint's signing secrets or client certificate key; its deliveries wait, spending no attempt, until a relay has the right Config.SecretCipher keys (logged at most once a minute)",
+	log.Error("txhook: cannot decrypt an endpoint's signing secrets, client certificate key or custom headers; its deliveries wait, spending no attempt, until a relay has the right Config.SecretCipher keys (logged at most once a minute)",
 		"error", err)
 }

@@ -67,13 +67,13 @@
 // # Secrets at rest
 //
 // With Config.SecretCipher set (AESGCM, or a host's KMS behind Cipher),
-// endpoint signing secrets and client certificate keys are stored
-// encrypted, each ciphertext bound to its endpoint and column, and
-// decrypted only in memory; relays decrypt each endpoint's once.
+// endpoint signing secrets, client certificate keys and custom headers
+// are stored encrypted, each ciphertext bound to its endpoint and column,
+// and decrypted only in memory; relays decrypt each endpoint's once.
 // Relay.Start fails with ErrSecretKey when a stored row needs a key the
 // Cipher lacks. Rows stored in plaintext before keep working; RotateSecret
-// (secrets), UpdateEndpoint (a new client certificate) and ReencryptSecrets
-// (both) encrypt them, and ReencryptSecrets also moves rows to a new key
+// (secrets), UpdateEndpoint (new headers or client certificate) and
+// ReencryptSecrets (all three) encrypt them, and ReencryptSecrets also moves rows to a new key
 // after a key rotation.
 //
 // # Use

@@ -38,7 +38,8 @@ type Endpoint struct {
 	// Versions pins schema versions by event type: events of a pinned type
 	// are converted to that version before they are sent (see Catalog).
 	Versions map[string]int
-	// Headers are sent with every request (see NewEndpoint.Headers).
+	// Headers are sent with every request (see NewEndpoint.Headers),
+	// read back decrypted like Secrets; nil for none.
 	Headers Headers
 	// ClientCert is the certificate presented to the endpoint, without its
 	// key; nil for none.
@@ -187,8 +188,9 @@ type NewEndpoint struct {
 	// TE, Trailer, Upgrade, Expect), Proxy-*, and every Webhook-* and
 	// X-Webhook-* name. Authorization is allowed. The relay sets its own
 	// headers after these, so a custom signature header name configured
-	// on the relay's signer also wins. Values are stored as they are, like
-	// secrets.
+	// on the relay's signer also wins. Headers are stored like secrets:
+	// with Config.SecretCipher, the whole set encrypted as one value bound
+	// to the endpoint, decrypted by relays in memory only.
 	Headers Headers
 	// ClientCert, if set, is presented to the endpoint when its server
 	// asks for a client certificate (mTLS); refused with
@@ -341,6 +343,13 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	if err != nil {
 		return Endpoint{}, err
 	}
+	var plainHeaders Headers
+	if err := json.Unmarshal(headers, &plainHeaders); err != nil {
+		return Endpoint{}, err
+	}
+	if headers, err = o.sealHeaders(ctx, id, headers); err != nil {
+		return Endpoint{}, err
+	}
 	row := store.EndpointRow{
 		ID:          id,
 		Tenant:      ne.Tenant,
@@ -367,6 +376,9 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 		return Endpoint{}, err
 	}
 	e.Secrets = secrets
+	if len(plainHeaders) > 0 {
+		e.Headers = plainHeaders
+	}
 	return e, nil
 }
 
@@ -408,6 +420,9 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 	}
 	if up.Headers != nil {
 		if row.Headers, err = checkHeaders(*up.Headers); err != nil {
+			return Endpoint{}, err
+		}
+		if row.Headers, err = o.sealHeaders(ctx, id, row.Headers); err != nil {
 			return Endpoint{}, err
 		}
 	}
@@ -541,7 +556,8 @@ func (o *Outbox) wake(ctx context.Context) {
 	}
 }
 
-// endpointOut is the endpoint of row r with its secrets decrypted.
+// endpointOut is the endpoint of row r with its secrets and headers
+// decrypted.
 func (o *Outbox) endpointOut(ctx context.Context, r store.EndpointRow) (Endpoint, error) {
 	e, err := endpointFromRow(r)
 	if err != nil {
@@ -550,11 +566,15 @@ func (o *Outbox) endpointOut(ctx context.Context, r store.EndpointRow) (Endpoint
 	if e.Secrets, err = o.openSecrets(ctx, r.ID, r.Secrets); err != nil {
 		return Endpoint{}, err
 	}
+	if e.Headers, err = o.openHeaders(ctx, r.ID, r.Headers); err != nil {
+		return Endpoint{}, err
+	}
 	return e, nil
 }
 
-// endpointFromRow is the endpoint of row r without its secrets, which are
-// stored encrypted when a Cipher is configured (see endpointOut).
+// endpointFromRow is the endpoint of row r without its secrets and
+// headers, which are stored encrypted when a Cipher is configured (see
+// endpointOut).
 func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 	e := Endpoint{
 		ID: r.ID, Tenant: r.Tenant, URL: r.URL, Description: r.Description,
@@ -568,11 +588,6 @@ func endpointFromRow(r store.EndpointRow) (Endpoint, error) {
 	if len(r.Versions) > 0 {
 		if err := json.Unmarshal(r.Versions, &e.Versions); err != nil {
 			return Endpoint{}, fmt.Errorf("txhook: stored versions: %w", err)
-		}
-	}
-	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
-		if err := json.Unmarshal(r.Headers, &e.Headers); err != nil {
-			return Endpoint{}, fmt.Errorf("txhook: stored headers: %w", err)
 		}
 	}
 	if r.ClientCert != "" {

@@ -12,7 +12,8 @@ import (
 	"github.com/txhook/txhook/outbox"
 )
 
-// Encrypt endpoint signing secrets (and client certificate keys) at rest
+// Encrypt endpoint signing secrets (and client certificate keys and custom
+// headers) at rest
 // with a keyring from the environment, and move existing rows to its
 // current key.
 func ExampleAESGCM() {
@@ -40,16 +41,17 @@ func ExampleAESGCM() {
 	if err := ob.Migrate(ctx); err != nil {
 		panic(err)
 	}
-	ep, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "merchant_42", URL: "https://93.184.215.14/webhooks"})
+	ep, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: "merchant_42", URL: "https://93.184.215.14/webhooks",
+		Headers: outbox.Headers{"Authorization": "Bearer merchant-token"}})
 	if err != nil {
 		panic(err)
 	}
 
-	var stored string
-	db.QueryRow(`SELECT json_extract(secrets, '$.kid') FROM txhook_endpoints WHERE id = ?`, ep.ID).Scan(&stored)
-	fmt.Println("stored under key", stored)
+	var stored, headers string
+	db.QueryRow(`SELECT json_extract(secrets, '$.kid'), json_extract(headers, '$.kid') FROM txhook_endpoints WHERE id = ?`, ep.ID).Scan(&stored, &headers)
+	fmt.Println("stored under key", stored, headers)
 	read, _ := ob.Endpoint(ctx, ep.ID)
-	fmt.Println("read back:", read.Secrets[0].Value == ep.Secrets[0].Value)
+	fmt.Println("read back:", read.Secrets[0].Value == ep.Secrets[0].Value, read.Headers["Authorization"])
 
 	// After adding a key (or setting the first one over plaintext rows):
 	res, err := ob.ReencryptSecrets(ctx)
@@ -58,7 +60,7 @@ func ExampleAESGCM() {
 	}
 	fmt.Printf("%+v\n", res)
 	// Output:
-	// stored under key k1
-	// read back: true
-	// {Endpoints:1 Encrypted:0 Rekeyed:0 ClientKeysEncrypted:0 ClientKeysRekeyed:0}
+	// stored under key k1 k1
+	// read back: true Bearer merchant-token
+	// {Endpoints:1 Encrypted:0 Rekeyed:0 ClientKeysEncrypted:0 ClientKeysRekeyed:0 HeadersEncrypted:0 HeadersRekeyed:0}
 }

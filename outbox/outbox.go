@@ -119,13 +119,13 @@ type Config struct {
 	// versions it lists, and relays convert payloads with its converters.
 	Catalog *Catalog
 
-	// SecretCipher, if set, encrypts endpoint signing secrets and client
-	// certificate keys at rest: they are stored encrypted with its current
-	// key, bound to their endpoint, and decrypted in memory only (see
-	// AESGCM, and "Secrets at rest" in the README). Values stored in
-	// plaintext before it was set keep working; RotateSecret (secrets),
-	// UpdateEndpoint (a new client certificate) and ReencryptSecrets (both)
-	// encrypt them. Nil stores them in plaintext, with a warning logged by
+	// SecretCipher, if set, encrypts endpoint signing secrets, client
+	// certificate keys and custom headers at rest: they are stored
+	// encrypted with its current key, bound to their endpoint, and
+	// decrypted in memory only (see AESGCM, and "Secrets at rest" in the
+	// README). Values stored in plaintext before it was set keep working;
+	// RotateSecret (secrets), UpdateEndpoint (new headers or client
+	// certificate) and ReencryptSecrets (all three) encrypt them. Nil stores them in plaintext, with a warning logged by
 	// New.
 	SecretCipher Cipher
 

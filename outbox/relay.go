@@ -171,9 +171,10 @@ func (r *Relay) ID() string { return r.cfg.ID }
 // context would. A relay starts once: Start returns ErrRelayStarted while
 // it runs and ErrRelayStopped once it is stopping or stopped.
 //
-// Start fails, with an error matching ErrSecretKey, when endpoint secrets
-// are stored encrypted under a key Config.SecretCipher cannot use (or with
-// no Cipher set): one endpoint per key ID in use is decrypted to check.
+// Start fails, with an error matching ErrSecretKey, when endpoint secrets,
+// client certificate keys or custom headers are stored encrypted under a
+// key Config.SecretCipher cannot use (or with no Cipher set): one endpoint
+// per key ID in use in each column is decrypted to check.
 //
 // It first checks the schema (see Outbox.CheckSchema) and fails with an
 // error wrapping ErrNotMigrated when a migration is missing.

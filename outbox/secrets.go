@@ -12,13 +12,21 @@ import (
 	"github.com/txhook/txhook/internal/store"
 )
 
-// Secrets at rest. Two columns of txhook_endpoints hold what can forge or
-// impersonate: secrets (the JSON array of an endpoint's signing secrets)
-// and client_key (the PEM private key of its TLS client certificate, ""
-// for none). Each holds either that plaintext (no Config.SecretCipher, or a
-// row written before one was set) or, encrypted, the JSON object
+// Secrets at rest. Three columns of txhook_endpoints hold what can forge,
+// impersonate or authenticate: secrets (the JSON array of an endpoint's
+// signing secrets), client_key (the PEM private key of its TLS client
+// certificate, "" for none) and headers (the JSON object of its custom
+// request headers, which can carry an Authorization token; "{}" for none,
+// never encrypted). Each holds either that plaintext (no
+// Config.SecretCipher, or a row written before one was set) or, encrypted,
+// the JSON object
 //
 //	{"v": 1, "kid": "<key ID>", "ct": "<base64 ciphertext of the plaintext>"}
+//
+// In the headers column both forms are JSON objects: the encrypted one is
+// told apart by its member "v" holding a number, where every value of a
+// header object is a string (Headers is a map of strings, and checkHeaders
+// stores names canonicalised, so not even the name "v" occurs).
 //
 // The ciphertext is bound to its column and endpoint: its associated data
 // is sealedAD(column, endpoint ID), so a ciphertext copied into another
@@ -30,6 +38,7 @@ import (
 const (
 	colSecrets   = "secrets"
 	colClientKey = "client_key"
+	colHeaders   = "headers"
 )
 
 // sealedValue is the encrypted form of a column.
@@ -45,13 +54,24 @@ func sealedAD(col, endpointID string) []byte {
 	return []byte("txhook_endpoints." + col + "\x00" + endpointID)
 }
 
-// storedKeyID reports whether raw is the encrypted form, and its key ID.
-// Neither plaintext form starts with '{': secrets are a JSON array, and
-// checkClientCert refuses such a key.
-func storedKeyID(raw []byte) (string, bool) {
+// storedKeyID reports whether raw, stored in column col, is the encrypted
+// form, and its key ID. Neither plaintext form of secrets or client_key
+// starts with '{': secrets are a JSON array, and checkClientCert refuses
+// such a key. A header object is encrypted when its member "v" is a number.
+func storedKeyID(col string, raw []byte) (string, bool) {
 	raw = bytes.TrimLeft(raw, " \t\r\n")
 	if len(raw) == 0 || raw[0] != '{' {
 		return "", false
+	}
+	if col == colHeaders {
+		var members map[string]json.RawMessage
+		if json.Unmarshal(raw, &members) != nil {
+			return "", false // not an object: decoding the headers reports it
+		}
+		v := members["v"]
+		if len(v) == 0 || !(v[0] == '-' || '0' <= v[0] && v[0] <= '9') {
+			return "", false
+		}
 	}
 	var env struct {
 		Kid string `json:"kid"`
@@ -81,7 +101,7 @@ func (o *Outbox) seal(ctx context.Context, col, endpointID string, plain []byte)
 // the caller clears once done; otherwise it is raw. Errors are
 // *SecretsError.
 func (o *Outbox) open(ctx context.Context, col, endpointID string, raw []byte) (plain []byte, sealed bool, err error) {
-	if _, sealed := storedKeyID(raw); !sealed {
+	if _, sealed := storedKeyID(col, raw); !sealed {
 		return raw, false, nil
 	}
 	var env sealedValue
@@ -118,10 +138,45 @@ func (o *Outbox) openSecrets(ctx context.Context, endpointID string, raw []byte)
 	return decodeSecrets(plain)
 }
 
-// checkSecretKeys fails, with a *SecretsError, when secrets or client keys
-// are stored under a key this outbox cannot use: no Cipher, a key ID the
-// Cipher does not have, or a different key under that ID. It decrypts one
-// endpoint per key ID in use in each column.
+// sealHeaders returns the stored form of an endpoint's custom headers,
+// plain being checkHeaders' result: encrypted with Config.SecretCipher when
+// there is one and there are headers, plain otherwise ("{}" for none is
+// stored as is: it holds nothing secret).
+func (o *Outbox) sealHeaders(ctx context.Context, endpointID string, plain []byte) ([]byte, error) {
+	if noHeaders(plain) {
+		return plain, nil
+	}
+	return o.seal(ctx, colHeaders, endpointID, plain)
+}
+
+// openHeaders reads the stored form of an endpoint's custom headers (nil
+// for none). Errors about encryption are *SecretsError.
+func (o *Outbox) openHeaders(ctx context.Context, endpointID string, raw []byte) (Headers, error) {
+	if noHeaders(raw) {
+		return nil, nil
+	}
+	plain, sealed, err := o.open(ctx, colHeaders, endpointID, raw)
+	if err != nil {
+		return nil, err
+	}
+	if sealed {
+		defer clear(plain)
+	}
+	var h Headers
+	if err := json.Unmarshal(plain, &h); err != nil {
+		// json's message quotes no more than a type name and an offset.
+		return nil, fmt.Errorf("txhook: stored headers of endpoint %.64q: %w", endpointID, err)
+	}
+	return h, nil
+}
+
+// noHeaders reports whether raw, a stored headers column, holds none.
+func noHeaders(raw []byte) bool { return len(raw) == 0 || string(raw) == "{}" }
+
+// checkSecretKeys fails, with a *SecretsError, when secrets, client keys
+// or custom headers are stored under a key this outbox cannot use: no
+// Cipher, a key ID the Cipher does not have, or a different key under that
+// ID. It decrypts one endpoint per key ID in use in each column.
 func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 	samples, err := o.st.SecretKeySamples(ctx)
 	if err != nil {
@@ -138,6 +193,9 @@ func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 		if sealed {
 			clear(plain)
 		}
+		if _, err := o.openHeaders(ctx, s.ID, s.Headers); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -146,7 +204,7 @@ func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 // plaintext.
 func (o *Outbox) warnUnencrypted() {
 	if o.cfg.SecretCipher == nil {
-		o.log.Warn("txhook: Config.SecretCipher is not set: endpoint signing secrets and client certificate keys are stored unencrypted " +
+		o.log.Warn("txhook: Config.SecretCipher is not set: endpoint signing secrets, client certificate keys and custom headers are stored unencrypted " +
 			"(see \"Secrets at rest\" in txhook's README)")
 	}
 }
@@ -159,14 +217,18 @@ type ReencryptResult struct {
 
 	ClientKeysEncrypted int // client certificate keys stored in plaintext before, encrypted now
 	ClientKeysRekeyed   int // client certificate keys encrypted under another key before, under the Cipher's KeyID now
+
+	HeadersEncrypted int // endpoints whose custom headers were stored in plaintext before, encrypted now
+	HeadersRekeyed   int // endpoints whose custom headers were encrypted under another key before, under the Cipher's KeyID now
 }
 
 // reencryptBatch is how many endpoints one step of ReencryptSecrets reads,
 // and at most rewrites in one transaction.
 const reencryptBatch = 100
 
-// ReencryptSecrets moves every endpoint's stored secrets and client
-// certificate key to the current key of Config.SecretCipher: plaintext
+// ReencryptSecrets moves every endpoint's stored secrets, client
+// certificate key and custom headers to the current key of
+// Config.SecretCipher: plaintext
 // values (written before a Cipher was configured) are encrypted, and values
 // encrypted under an older key are encrypted again under Cipher.KeyID().
 // Run it after setting a Cipher for the first time and after every key
@@ -179,8 +241,8 @@ const reencryptBatch = 100
 // rows locked by someone else are done once they are free. Relays keep
 // delivering throughout: they decrypt both forms, with every key of the
 // Cipher. It fails with ErrNoSecretCipher without a Cipher, and stops at
-// the first endpoint whose secrets or client key cannot be decrypted (a
-// *SecretsError), returning what it did until then.
+// the first endpoint whose secrets, client key or headers cannot be
+// decrypted (a *SecretsError), returning what it did until then.
 func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) {
 	var res ReencryptResult
 	c := o.cfg.SecretCipher
@@ -188,8 +250,11 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 		return res, ErrNoSecretCipher
 	}
 	current := c.KeyID()
-	stale := func(raw []byte) bool {
-		kid, sealed := storedKeyID(raw)
+	stale := func(col string, raw []byte) bool {
+		if col == colHeaders && noHeaders(raw) {
+			return false
+		}
+		kid, sealed := storedKeyID(col, raw)
 		return len(raw) > 0 && (!sealed || kid != current)
 	}
 	rewrite := func(ids []string) ([]string, error) {
@@ -197,7 +262,7 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 		// reseal returns the value of column col encrypted under the
 		// current key, or nil if it is already.
 		reseal := func(col, id string, raw []byte, encrypted, rekeyed *int) ([]byte, error) {
-			if !stale(raw) {
+			if !stale(col, raw) {
 				return nil, nil // none, or done meanwhile by a rotation or another pass
 			}
 			plain, sealed, err := o.open(ctx, col, id, raw)
@@ -216,7 +281,10 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 			if next.Secrets, err = reseal(colSecrets, cur.ID, cur.Secrets, &done.Encrypted, &done.Rekeyed); err != nil {
 				return next, err
 			}
-			next.ClientKey, err = reseal(colClientKey, cur.ID, cur.ClientKey, &done.ClientKeysEncrypted, &done.ClientKeysRekeyed)
+			if next.ClientKey, err = reseal(colClientKey, cur.ID, cur.ClientKey, &done.ClientKeysEncrypted, &done.ClientKeysRekeyed); err != nil {
+				return next, err
+			}
+			next.Headers, err = reseal(colHeaders, cur.ID, cur.Headers, &done.HeadersEncrypted, &done.HeadersRekeyed)
 			return next, err
 		})
 		if err != nil {
@@ -226,6 +294,8 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 		res.Rekeyed += done.Rekeyed
 		res.ClientKeysEncrypted += done.ClientKeysEncrypted
 		res.ClientKeysRekeyed += done.ClientKeysRekeyed
+		res.HeadersEncrypted += done.HeadersEncrypted
+		res.HeadersRekeyed += done.HeadersRekeyed
 		return skipped, nil
 	}
 
@@ -243,7 +313,7 @@ func (o *Outbox) ReencryptSecrets(ctx context.Context) (ReencryptResult, error) 
 		res.Endpoints += len(page)
 		var ids []string
 		for _, p := range page {
-			if stale(p.Secrets) || stale(p.ClientKey) {
+			if stale(colSecrets, p.Secrets) || stale(colClientKey, p.ClientKey) || stale(colHeaders, p.Headers) {
 				ids = append(ids, p.ID)
 			}
 		}

@@ -71,15 +71,23 @@ func (b *bundle) stored(col, id string) string {
 // plaintext.
 func (b *bundle) storedKeyID(id string) string {
 	b.t.Helper()
-	q := `SELECT COALESCE(json_extract(secrets, '$.kid'), '') FROM txhook_endpoints WHERE id = ?`
+	return b.queryString(`SELECT COALESCE(json_extract(secrets, '$.kid'), '') FROM txhook_endpoints WHERE id = ?`,
+		`SELECT COALESCE(secrets->>'kid', '') FROM txhook_endpoints WHERE id = ?`, id)
+}
+
+// queryString runs the query of b's dialect, sqlite or postgres, and
+// returns its one text value.
+func (b *bundle) queryString(sqlite, postgres string, args ...any) string {
+	b.t.Helper()
+	q := sqlite
 	if b.db.Backend.Postgres() {
-		q = `SELECT COALESCE(secrets->>'kid', '') FROM txhook_endpoints WHERE id = ?`
+		q = postgres
 	}
-	var kid string
-	if err := b.db.QueryRowContext(b.ctx, b.rebind(q), id).Scan(&kid); err != nil {
+	var s string
+	if err := b.db.QueryRowContext(b.ctx, b.rebind(q), args...).Scan(&s); err != nil {
 		b.t.Fatal(err)
 	}
-	return kid
+	return s
 }
 
 // dump returns every column of every row of every txhook table as text,
@@ -196,6 +204,16 @@ func secretNeedles(t *testing.T, secret string) []string {
 	return needles
 }
 
+// bearerToken is a fresh random token for an Authorization header.
+func bearerToken(t testing.TB) string {
+	t.Helper()
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		t.Fatal(err)
+	}
+	return "tok_" + hex.EncodeToString(raw)
+}
+
 // keyNeedles are the forms in which a PEM private key could show in a
 // dump: the PEM, its base64 body (whole, and its first line), the DER and
 // the private scalar, raw and encoded.
@@ -257,19 +275,30 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				secrets := []string{hmacEp.Secrets[0].Value, rotated.Secrets[0].Value, private, deadEp.Secrets[0].Value}
+				// A receiver's own credential in a custom header is a secret too.
+				token := bearerToken(t)
+				hdrEp, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m", URL: rc.URL + "/hdr",
+					Headers: outbox.Headers{"Authorization": "Bearer " + token, "X-Route": "eu"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				secrets := []string{hmacEp.Secrets[0].Value, rotated.Secrets[0].Value, private, deadEp.Secrets[0].Value, hdrEp.Secrets[0].Value}
 
 				// Deliveries, attempts and a dead letter, so every table has rows.
 				b.relay(outbox.RelayConfig{Retry: fastRetryAttempts(1), RootCAs: mtls.roots})
 				b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"amount":1}`)})
 				b.eventually("delivered and dead-lettered", func() bool {
-					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 4
+					return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE state IN ('succeeded', 'dead')`) == 5
 				})
 				if cn := recv(t, mtls.peers, "the mTLS delivery"); cn != "relay-for-m" {
 					t.Fatalf("the mTLS server saw client %q", cn)
 				}
+				withHeader := 0
 				for _, got := range rc.requests() {
-					v, err := verify.New(verify.Config{Secrets: []string{rotated.Secrets[0].Value, public, deadEp.Secrets[0].Value}})
+					if got.Header.Get("Authorization") == "Bearer "+token && got.Header.Get("X-Route") == "eu" {
+						withHeader++
+					}
+					v, err := verify.New(verify.Config{Secrets: []string{rotated.Secrets[0].Value, public, deadEp.Secrets[0].Value, hdrEp.Secrets[0].Value}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -277,8 +306,14 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 						t.Errorf("delivery does not verify: %v", err)
 					}
 				}
+				if withHeader != 1 {
+					t.Fatalf("%d requests carried the endpoint's headers, want 1", withHeader)
+				}
 				if ep, err := b.ob.Endpoint(b.ctx, edEp.ID); err != nil || ep.Secrets[0].Value != private {
 					t.Fatalf("endpoint read back: %v", err)
+				}
+				if ep, err := b.ob.Endpoint(b.ctx, hdrEp.ID); err != nil || ep.Headers["Authorization"] != "Bearer "+token || len(ep.Headers) != 2 {
+					t.Fatalf("headers read back: %v, %v", ep.Headers, err)
 				}
 
 				dump := b.dump()
@@ -307,6 +342,13 @@ func TestSecretsDumpHoldsNoSecret(t *testing.T) {
 				}
 				if !encrypted && found == 0 {
 					t.Fatal("control: the plaintext dump holds no client key; the dump misses the client_key column")
+				}
+				if strings.Contains(dump, token) {
+					if encrypted {
+						t.Error("the dump holds the Authorization header's token")
+					}
+				} else if !encrypted {
+					t.Fatal("control: the plaintext dump holds no header token; the dump misses the headers column")
 				}
 			})
 		}
@@ -360,14 +402,47 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 		if len(rc.requests()) != 1 {
 			t.Fatalf("%d requests sent, want 1 (first's)", len(rc.requests()))
 		}
-		for _, r := range logs.records() {
-			for _, v := range r.Attrs {
-				if strings.Contains(v, first.Secrets[0].Value) || strings.Contains(v, second.Secrets[0].Value) {
-					t.Fatalf("a log line shows a secret: %s", r.Msg)
+		if msg, ok := logs.holding(first.Secrets[0].Value, second.Secrets[0].Value); ok {
+			t.Fatalf("a log line shows a secret: %s", msg)
+		}
+	})
+}
+
+// holding returns the message of a log record with an attribute that
+// contains one of needles.
+func (l *logRecorder) holding(needles ...string) (string, bool) {
+	for _, r := range l.records() {
+		for _, v := range r.Attrs {
+			for _, n := range needles {
+				if strings.Contains(v, n) {
+					return r.Msg, true
 				}
 			}
 		}
-	})
+	}
+	return "", false
+}
+
+// startRefusedFor empties every endpoint's secrets, so that only column
+// col is stored under key kid, and checks that a relay with Cipher c,
+// which lacks kid, fails Start naming endpoint id, col and kid.
+func (b *bundle) startRefusedFor(c outbox.Cipher, id, col, kid string) {
+	b.t.Helper()
+	if _, err := b.db.ExecContext(b.ctx, `UPDATE txhook_endpoints SET secrets = '[]'`); err != nil {
+		b.t.Fatal(err)
+	}
+	r, err := b.reopen(outbox.Config{SecretCipher: c}).ob.NewRelay(outbox.RelayConfig{})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	err = r.Start(b.ctx)
+	if err == nil {
+		r.Stop(b.ctx)
+	}
+	var se *outbox.SecretsError
+	if !errors.Is(err, outbox.ErrUnknownKey) || !errors.As(err, &se) || se.EndpointID != id || se.Column != col || se.KeyID != kid {
+		b.t.Fatalf("Start without the key of %s: %v", col, err)
+	}
 }
 
 // waitsForKey waits until the relay has logged that it cannot decrypt

@@ -54,7 +54,8 @@ var reservedPrefixes = []string{"webhook-", "x-webhook-"}
 
 // Headers are an endpoint's custom request headers, name to value. Values
 // can be credentials (an Authorization header), so String, GoString,
-// LogValue and MarshalJSON mask them; read the map to get them.
+// LogValue and MarshalJSON mask them; read the map to get them. With
+// Config.SecretCipher they are stored encrypted, like signing secrets.
 type Headers map[string]string
 
 // String lists the names with masked values.
@@ -220,36 +221,52 @@ func (c ClientCert) check(now time.Time) error {
 }
 
 // transportCache decodes endpoints' headers and client certificates once
-// per distinct stored value, for the relay.
+// per distinct stored value, for the relay. Both maps are keyed by a
+// digest of the endpoint ID and what its row holds (encrypted or not), so
+// that the keys hold no secret, and an entry serves only the endpoint
+// whose row it was read from, as a ciphertext is bound to it. The values
+// are decrypted headers and parsed certificates, in memory only.
 type transportCache struct {
 	mu      sync.Mutex
-	headers map[string]map[string]string
-	// certs is keyed by a digest of the endpoint ID, the certificate and
-	// the stored key (encrypted or not), so that it holds no key material
-	// but the parsed certificates, and an entry serves only the endpoint
-	// whose row it was read from, as an encrypted key is bound to it.
-	certs map[[sha256.Size]byte]*tls.Certificate
+	headers map[[sha256.Size]byte]map[string]string
+	certs   map[[sha256.Size]byte]*tls.Certificate
 }
 
-// header returns the decoded headers of raw (nil for none).
-func (tc *transportCache) header(raw []byte) (map[string]string, error) {
-	if len(raw) == 0 || string(raw) == "{}" {
+// cacheKey is a digest of fields, each length-prefixed.
+func cacheKey(fields ...string) [sha256.Size]byte {
+	d := sha256.New()
+	for _, f := range fields {
+		d.Write(binary.BigEndian.AppendUint64(nil, uint64(len(f))))
+		d.Write([]byte(f))
+	}
+	var k [sha256.Size]byte
+	d.Sum(k[:0])
+	return k
+}
+
+// header returns the headers of an endpoint (nil for none) from raw, its
+// stored headers column, decrypting them in memory if need be. Headers
+// that do not decrypt are a *SecretsError.
+func (tc *transportCache) header(ctx context.Context, o *Outbox, endpointID string, raw []byte) (map[string]string, error) {
+	if noHeaders(raw) {
 		return nil, nil
 	}
+	k := cacheKey(endpointID, string(raw))
 	tc.mu.Lock()
-	h, ok := tc.headers[string(raw)]
+	h, ok := tc.headers[k]
 	tc.mu.Unlock()
 	if ok {
 		return h, nil
 	}
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, fmt.Errorf("stored headers: %w", err)
+	h, err := o.openHeaders(ctx, endpointID, raw)
+	if err != nil {
+		return nil, err
 	}
 	tc.mu.Lock()
 	if tc.headers == nil || len(tc.headers) > 10000 {
-		tc.headers = map[string]map[string]string{}
+		tc.headers = map[[sha256.Size]byte]map[string]string{}
 	}
-	tc.headers[string(raw)] = h
+	tc.headers[k] = h
 	tc.mu.Unlock()
 	return h, nil
 }
@@ -261,13 +278,7 @@ func (tc *transportCache) cert(ctx context.Context, o *Outbox, endpointID, certP
 	if certPEM == "" {
 		return nil, nil
 	}
-	d := sha256.New()
-	for _, f := range []string{endpointID, certPEM, storedKey} {
-		d.Write(binary.BigEndian.AppendUint64(nil, uint64(len(f))))
-		d.Write([]byte(f))
-	}
-	var k [sha256.Size]byte
-	d.Sum(k[:0])
+	k := cacheKey(endpointID, certPEM, storedKey)
 	tc.mu.Lock()
 	c, ok := tc.certs[k]
 	tc.mu.Unlock()

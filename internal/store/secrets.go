@@ -11,17 +11,21 @@ type EndpointSecrets struct {
 	ID        string
 	Secrets   []byte
 	ClientKey []byte // empty for no client certificate
+	Headers   []byte // custom request headers; "{}" for none
 }
 
-// SecretsPage reads up to limit endpoints' secrets and client keys in ID
+// SecretsPage reads up to limit endpoints' secrets, client keys and headers in ID
 // order, starting after the ID after, without locking them.
 func (s *Store) SecretsPage(ctx context.Context, after string, limit int) ([]EndpointSecrets, error) {
-	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets, client_key FROM txhook_endpoints WHERE id > ? ORDER BY id LIMIT ?`), after, limit)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT `+secretCols+` FROM txhook_endpoints WHERE id > ? ORDER BY id LIMIT ?`), after, limit)
 	if err != nil {
 		return nil, err
 	}
 	return scanSecrets(rows)
 }
+
+// secretCols are the columns scanSecrets reads.
+const secretCols = `id, secrets, client_key, headers`
 
 func scanSecrets(rows interface {
 	Next() bool
@@ -32,11 +36,11 @@ func scanSecrets(rows interface {
 	defer rows.Close()
 	var out []EndpointSecrets
 	for rows.Next() {
-		var id, secrets, key string
-		if err := rows.Scan(&id, &secrets, &key); err != nil {
+		var id, secrets, key, headers string
+		if err := rows.Scan(&id, &secrets, &key, &headers); err != nil {
 			return nil, err
 		}
-		out = append(out, EndpointSecrets{ID: id, Secrets: []byte(secrets), ClientKey: []byte(key)})
+		out = append(out, EndpointSecrets{ID: id, Secrets: []byte(secrets), ClientKey: []byte(key), Headers: []byte(headers)})
 	}
 	return out, rows.Err()
 }
@@ -44,15 +48,18 @@ func scanSecrets(rows interface {
 // SecretKeySamples returns, for each key ID found in an encrypted secrets
 // column (a JSON object with a "kid" member), the endpoint with the
 // lowest ID stored under it, and the same for each key ID in an encrypted
-// client_key column (text starting with '{'), with their secrets and
-// client keys: enough to check at start-up that every key in use is known
-// and right, without reading every row.
+// client_key column (text starting with '{') and in an encrypted headers
+// column (a JSON object whose member "v" is a number), with their
+// secrets, client keys and headers: enough to check at start-up that every
+// key in use is known and right, without reading every row.
 func (s *Store) SecretKeySamples(ctx context.Context) ([]EndpointSecrets, error) {
 	q := `SELECT MIN(id) FROM txhook_endpoints WHERE json_type(secrets) = 'object' GROUP BY json_extract(secrets, '$.kid')
-UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' GROUP BY json_extract(client_key, '$.kid')`
+UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' GROUP BY json_extract(client_key, '$.kid')
+UNION SELECT MIN(id) FROM txhook_endpoints WHERE json_type(headers, '$.v') IN ('integer', 'real') GROUP BY json_extract(headers, '$.kid')`
 	if s.Dialect == Postgres {
 		q = `SELECT MIN(id) FROM txhook_endpoints WHERE jsonb_typeof(secrets) = 'object' GROUP BY secrets->>'kid'
-UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' GROUP BY client_key::jsonb->>'kid'`
+UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' GROUP BY client_key::jsonb->>'kid'
+UNION SELECT MIN(id) FROM txhook_endpoints WHERE jsonb_typeof(headers->'v') = 'number' GROUP BY headers->>'kid'`
 	}
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(q))
 	if err != nil {
@@ -72,7 +79,7 @@ UNION SELECT MIN(id) FROM txhook_endpoints WHERE substr(client_key, 1, 1) = '{' 
 		return nil, err
 	}
 	list, _ := json.Marshal(ids)
-	rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT id, secrets, client_key FROM txhook_endpoints WHERE `+s.textIDsIn("id")+` ORDER BY id`), string(list))
+	rows, err = s.DB.QueryContext(ctx, s.Rebind(`SELECT `+secretCols+` FROM txhook_endpoints WHERE `+s.textIDsIn("id")+` ORDER BY id`), string(list))
 	if err != nil {
 		return nil, err
 	}
@@ -87,9 +94,10 @@ func (s *Store) textIDsIn(col string) string {
 	return col + ` IN (SELECT value FROM json_each(?))`
 }
 
-// RewriteSecrets rewrites the secrets and client keys of the endpoints ids
-// in one transaction: fn gets each row's current values and returns the
-// new ones, a nil Secrets or ClientKey leaving that column alone. On PostgreSQL the rows are locked (FOR
+// RewriteSecrets rewrites the secrets, client keys and headers of the
+// endpoints ids in one transaction: fn gets each row's current values and
+// returns the new ones, a nil Secrets, ClientKey or Headers leaving that
+// column alone. On PostgreSQL the rows are locked (FOR
 // UPDATE SKIP LOCKED), so a concurrent ModifySecrets never loses its
 // write, and rows another transaction holds are skipped rather than
 // waited for, so this never takes part in a deadlock: it returns the IDs
@@ -106,7 +114,7 @@ func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(curren
 		lock := ""
 		if s.Dialect == Postgres {
 			lock = " FOR UPDATE SKIP LOCKED"
-			rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, '', ''`+where), string(list))
+			rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, '', '', ''`+where), string(list))
 			if err != nil {
 				return err
 			}
@@ -119,7 +127,7 @@ func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(curren
 				exist[e.ID] = true
 			}
 		}
-		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id, secrets, client_key`+where+lock), string(list))
+		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT `+secretCols+where+lock), string(list))
 		if err != nil {
 			return err
 		}
@@ -133,13 +141,14 @@ func (s *Store) RewriteSecrets(ctx context.Context, ids []string, fn func(curren
 			if err != nil {
 				return err
 			}
-			if next.Secrets != nil {
-				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET secrets = ? WHERE id = ?`), string(next.Secrets), c.ID); err != nil {
-					return err
+			for _, col := range []struct {
+				name string
+				v    []byte
+			}{{"secrets", next.Secrets}, {"client_key", next.ClientKey}, {"headers", next.Headers}} {
+				if col.v == nil {
+					continue
 				}
-			}
-			if next.ClientKey != nil {
-				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET client_key = ? WHERE id = ?`), string(next.ClientKey), c.ID); err != nil {
+				if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET `+col.name+` = ? WHERE id = ?`), string(col.v), c.ID); err != nil {
 					return err
 				}
 			}
