@@ -360,7 +360,7 @@ func TestPinnedVersionsAreConverted(t *testing.T) {
 		b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{"amount":{"value":1200,"currency":"usd"}}`)})
 		bodies := map[string]received{}
 		for range 2 {
-			got := <-rc.got
+			got := rc.next(t)
 			var env struct{ Type string }
 			json.Unmarshal(got.Body, &env)
 			bodies[got.Header.Get(outbox.HeaderEventVersion)] = got

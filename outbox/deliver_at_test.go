@@ -47,7 +47,7 @@ func delayedSetup(t *testing.T, db *testdb.DB) (b *bundle, fake *clock.Fake, sta
 	rc, bar = newReceiver(t, nil), newReceiver(t, nil)
 	ep = b.endpoint("m", rc.URL)
 	b.endpoint("barrier", bar.URL)
-	b.relay(outbox.RelayConfig{})
+	b.relay(roomy(outbox.RelayConfig{}))
 	return b, fake, start, rc, ep, bar
 }
 

@@ -67,7 +67,7 @@ func TestEnqueueManyDeliversEveryEventOnce(t *testing.T) {
 			t.Fatalf("explicit ID came back as %s", res[7].ID)
 		}
 		for range n {
-			got := <-rc.got
+			got := rc.next(t)
 			id := got.Header.Get("Webhook-Id")
 			p, ok := want[id]
 			if !ok {

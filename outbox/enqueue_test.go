@@ -40,7 +40,7 @@ func TestEnqueueRollbackLeavesNothingCommitDeliversOnce(t *testing.T) {
 		b.relay(outbox.RelayConfig{})
 		id := b.enqueue(outbox.Event{Tenant: "merchant_1", Type: "payment.succeeded", Payload: []byte(`{"amount":100}`)})
 
-		got := <-rc.got
+		got := rc.next(t)
 		if got.Header.Get("Webhook-Id") != id {
 			t.Fatalf("webhook-id %q, want %q", got.Header.Get("Webhook-Id"), id)
 		}

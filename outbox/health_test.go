@@ -227,7 +227,7 @@ func TestHealthCountsRelayAttempts(t *testing.T) {
 		b := setup(t, db, outbox.Config{})
 		rc := newReceiver(t, nil)
 		ep := b.endpoint("m", rc.URL)
-		b.relay(outbox.RelayConfig{})
+		b.relay(roomy(outbox.RelayConfig{}))
 		b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(`{}`)})
 		b.eventually("delivery", func() bool {
 			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1

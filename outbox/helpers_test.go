@@ -91,6 +91,24 @@ func (b *bundle) relay(cfg outbox.RelayConfig) *outbox.Relay {
 	return b.startRelay(b.ob, cfg)
 }
 
+// roomy gives a relay in a test on a fake clock generous real-time bounds
+// (request, connect, lease) where cfg leaves them unset. On a fake clock a
+// failed attempt's retry waits for fake time the test never advances, so
+// an attempt that merely ran out of the 5 s default on a loaded machine
+// would hang the test instead of failing it.
+func roomy(cfg outbox.RelayConfig) outbox.RelayConfig {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Minute
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = time.Minute
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = 5 * time.Minute
+	}
+	return cfg
+}
+
 // startRelay starts a relay of ob and stops it when the test ends.
 func (b *bundle) startRelay(ob *outbox.Outbox, cfg outbox.RelayConfig) *outbox.Relay {
 	b.t.Helper()
@@ -172,6 +190,19 @@ type receiver struct {
 	reqs   []received
 	status func(n int, r *http.Request) int // n is the 1-based request count
 	got    chan received
+}
+
+// next returns the next request the receiver got, failing the test when
+// none arrives within waitFor.
+func (rc *receiver) next(t *testing.T) received {
+	t.Helper()
+	select {
+	case got := <-rc.got:
+		return got
+	case <-time.After(waitFor):
+		t.Fatal("no request reached the receiver")
+	}
+	return received{}
 }
 
 func newReceiver(t *testing.T, status func(n int, r *http.Request) int) *receiver {

@@ -37,11 +37,11 @@ func TestRotateSecretOverlapThenExpiry(t *testing.T) {
 			}
 			return v
 		}
-		b.relay(outbox.RelayConfig{})
+		b.relay(roomy(outbox.RelayConfig{}))
 
 		// During the overlap: receivers holding either secret accept.
 		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`1`)})
-		got := <-rc.got
+		got := rc.next(t)
 		for name, v := range map[string]*verify.Verifier{"old": verifier(oldSecret), "new": verifier(newSecret), "both": verifier(oldSecret, newSecret)} {
 			if _, err := v.Verify(got.Header, got.Body); err != nil {
 				t.Errorf("during overlap, receiver with the %s secret rejects: %v", name, err)
@@ -51,7 +51,7 @@ func TestRotateSecretOverlapThenExpiry(t *testing.T) {
 		// After it: only the new secret signs.
 		fake.Advance(24*time.Hour + time.Second)
 		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`2`)})
-		got = <-rc.got
+		got = rc.next(t)
 		if _, err := verifier(newSecret).Verify(got.Header, got.Body); err != nil {
 			t.Errorf("after overlap, new secret rejects: %v", err)
 		}

@@ -393,7 +393,7 @@ func TestSecretsCiphertextBoundToEndpoint(t *testing.T) {
 		// them for second: its delivery waits, unspent, and nothing is sent.
 		b.relay(outbox.RelayConfig{})
 		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`1`)})
-		got := <-rc.got
+		got := rc.next(t)
 		if err := verifyWith(got, first.Secrets[0].Value); err != nil {
 			t.Fatalf("first's delivery: %v", err)
 		}
