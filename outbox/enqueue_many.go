@@ -55,10 +55,16 @@ func (e *BatchError) Unwrap() error { return e.Err }
 // With tracing on, the call is one span and every event stores its
 // context, so each event's attempts continue the caller's trace.
 func (o *Outbox) EnqueueMany(ctx context.Context, tx Tx, evs []Event) ([]Enqueued, error) {
+	return o.enqueueManyOn(ctx, o.st.SQLConn(tx), evs)
+}
+
+// enqueueManyOn is EnqueueMany on any driver's connection: database/sql's,
+// or pgx's through pgxoutbox.
+func (o *Outbox) enqueueManyOn(ctx context.Context, tx store.Conn, evs []Event) ([]Enqueued, error) {
 	if o.tracer != nil {
-		return o.enqueueManyTraced(ctx, o.st.SQLConn(tx), evs)
+		return o.enqueueManyTraced(ctx, tx, evs)
 	}
-	return o.enqueueMany(ctx, o.st.SQLConn(tx), evs)
+	return o.enqueueMany(ctx, tx, evs)
 }
 
 func (o *Outbox) enqueueMany(ctx context.Context, tx store.Conn, evs []Event) ([]Enqueued, error) {

@@ -349,6 +349,9 @@ func init() {
 	link.Enqueue = func(ctx context.Context, o any, c store.Conn, ev any) (any, error) {
 		return o.(*Outbox).enqueue(ctx, c, ev.(Event))
 	}
+	link.EnqueueMany = func(ctx context.Context, o any, c store.Conn, evs any) (any, error) {
+		return o.(*Outbox).enqueueManyOn(ctx, c, evs.([]Event))
+	}
 }
 
 // SQLiteDSN returns the connection string txhook recommends for a SQLite

@@ -27,3 +27,7 @@ var Outbox func(o any) Internals
 // *outbox.Outbox, ev an outbox.Event, the result an outbox.Enqueued. Set by
 // package outbox.
 var Enqueue func(ctx context.Context, o any, c store.Conn, ev any) (any, error)
+
+// EnqueueMany is Enqueue for (*outbox.Outbox).EnqueueMany: evs is an
+// []outbox.Event, the result an []outbox.Enqueued. Set by package outbox.
+var EnqueueMany func(ctx context.Context, o any, c store.Conn, evs any) (any, error)

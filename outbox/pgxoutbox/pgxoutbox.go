@@ -61,6 +61,19 @@ func EnqueueDetail(ctx context.Context, o *outbox.Outbox, tx Tx, ev outbox.Event
 	return r.(outbox.Enqueued), err
 }
 
+// EnqueueMany is outbox.Outbox.EnqueueMany through a pgx transaction: it
+// writes evs through tx in as few statements as it can and returns one
+// result per event, in order; a refused event fails the call with an
+// *outbox.BatchError naming it, and leaves nothing of the batch.
+func EnqueueMany(ctx context.Context, o *outbox.Outbox, tx Tx, evs []outbox.Event) ([]outbox.Enqueued, error) {
+	if o.Dialect() != "postgres" {
+		return nil, ErrNotPostgres
+	}
+	r, err := link.EnqueueMany(ctx, o, conn{tx}, evs)
+	res, _ := r.([]outbox.Enqueued)
+	return res, err
+}
+
 // conn runs txhook's enqueue statements on a pgx transaction.
 type conn struct{ tx Tx }
 

@@ -360,3 +360,51 @@ func TestPQListenWakesOnCommit(t *testing.T) {
 		t.Fatalf("listen ended with %v, want context.Canceled", err)
 	}
 }
+
+// EnqueueMany through pgx writes the batch in the caller's transaction,
+// delayed events included: a refused event takes the batch back and leaves
+// the transaction usable, a rollback leaves nothing, a commit keeps all.
+func TestEnqueueManyTx(t *testing.T) {
+	e := setup(t, outbox.Config{})
+	later := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	batch := []outbox.Event{event("pay_1", `{"id":"pay_1"}`), event("pay_2", `{"id":"pay_2"}`),
+		{Tenant: "m", Type: "payment.reminder", IdempotencyKey: "pay_1:remind", Payload: []byte(`{"id":"pay_1"}`), DeliverAt: later}}
+
+	tx, _ := e.pay(t)
+	bad := append(append([]outbox.Event{}, batch...), event("pay_3", `{"id":`))
+	_, err := pgxoutbox.EnqueueMany(e.ctx, e.ob, tx, bad)
+	var be *outbox.BatchError
+	if !errors.As(err, &be) || be.Index != 3 || !errors.Is(err, outbox.ErrInvalidPayload) {
+		t.Fatalf("invalid fourth event: %v, want a BatchError at index 3 matching ErrInvalidPayload", err)
+	}
+	res, err := pgxoutbox.EnqueueMany(e.ctx, e.ob, tx, batch)
+	if err != nil || len(res) != 3 || res[0].Duplicate {
+		t.Fatalf("EnqueueMany after a refusal: %+v, %v", res, err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, "txhook_events"); n != 0 {
+		t.Fatalf("after rollback: %d events, want none", n)
+	}
+
+	tx, _ = e.pay(t)
+	res, err = pgxoutbox.EnqueueMany(e.ctx, e.ob, tx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var at time.Time
+	if err := e.pool.QueryRow(e.ctx, `SELECT deliver_at FROM txhook_events WHERE id = $1`, res[2].ID).Scan(&at); err != nil || !at.Equal(later) {
+		t.Fatalf("delayed event's deliver_at %v (%v), want %v", at, err, later)
+	}
+	if n := e.count(t, "txhook_events"); n != 3 {
+		t.Fatalf("after commit: %d events, want 3", n)
+	}
+	again, err := pgxoutbox.EnqueueMany(e.ctx, e.ob, e.pool, batch[:1])
+	if err != nil || !again[0].Duplicate || again[0].ID != res[0].ID {
+		t.Fatalf("enqueuing the first event again: %+v, %v; want a duplicate of %s", again, err, res[0].ID)
+	}
+}
