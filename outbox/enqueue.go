@@ -13,8 +13,6 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"github.com/oklog/ulid/v2"
-
 	"github.com/txhook/txhook/internal/store"
 )
 
@@ -167,34 +165,15 @@ func (o *Outbox) enqueueDetail(ctx context.Context, tx store.Conn, ev Event) (En
 	if !ev.DeliverAt.IsZero() {
 		return o.enqueueDelayed(ctx, tx, ev)
 	}
-	if err := o.validate(&ev); err != nil {
+	row, err := o.newRow(ev, o.clock.Now())
+	if err != nil {
 		return Enqueued{}, err
 	}
-	now := o.clock.Now()
-	explicitID := ev.ID != ""
-	if !explicitID {
-		ev.ID = ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
-	}
-	row := store.NewEvent{
-		ID:             ev.ID,
-		Tenant:         ev.Tenant,
-		Type:           ev.Type,
-		Payload:        string(ev.Payload),
-		IdempotencyKey: ev.IdempotencyKey,
-		Version:        ev.Version,
-		OrderingKey:    ev.OrderingKey,
-		CreatedAt:      now,
-	}
 	o.traceInto(ctx, &row)
-	notify := false
-	var last, at int64
-	if o.st.Dialect == store.Postgres && o.cfg.NotifyInterval > 0 {
-		// Real time, not Config.Clock: this paces NOTIFYs, a load matter.
-		// The slot is taken before the statement, so that concurrent
-		// Enqueues do not all see it free.
-		last, at = o.lastNotify.Load(), time.Now().UnixNano()
-		notify = at-last >= int64(o.cfg.NotifyInterval) && o.lastNotify.CompareAndSwap(last, at)
-	}
+	// The NOTIFY slot is taken before the statement, so that concurrent
+	// Enqueues do not all see it free.
+	notify, last, at := o.notifySlot()
+	explicitID := ev.ID != ""
 	res, notified, err := o.insertEvent(ctx, tx, row, explicitID, notify)
 	if notify && !notified {
 		// Nothing was queued (an error, or the event existed): give the
