@@ -16,7 +16,7 @@ import (
 
 	"github.com/txhook/txhook/dlq"
 	"github.com/txhook/txhook/internal/testdb"
-	"github.com/txhook/txhook/internal/testlisten"
+	"github.com/txhook/txhook/internal/testob"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -41,22 +41,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // newOutbox opens a migrated outbox on db.
 func newOutbox(t *testing.T, db *testdb.DB, cfg outbox.Config) (*outbox.Outbox, context.Context) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	cfg.AllowHTTP, cfg.AllowPrivateTargets = true, true
-	if cfg.Logger == nil {
-		cfg.Logger = quiet()
-	}
-	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
-	ob, err := outbox.New(ctx, db.DB, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ob.Close() })
-	return ob, ctx
+	return testob.NewOutboxWith(t, db, cfg)
 }
 
 // newUIEnv serves the UI under prefix: mounted as it is, or behind

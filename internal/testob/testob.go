@@ -25,9 +25,20 @@ const WaitFor = 60 * time.Second
 // over http, and a context that ends with the test.
 func NewOutbox(t *testing.T, db *testdb.DB) (*outbox.Outbox, context.Context) {
 	t.Helper()
+	return NewOutboxWith(t, db, outbox.Config{})
+}
+
+// NewOutboxWith is NewOutbox with cfg: its Logger (quiet when nil) and
+// the rest, with loopback receivers over http allowed and the Listener of
+// db's driver.
+func NewOutboxWith(t *testing.T, db *testdb.DB, cfg outbox.Config) (*outbox.Outbox, context.Context) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg.AllowHTTP, cfg.AllowPrivateTargets = true, true
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {
