@@ -48,7 +48,15 @@ func TestRotateSecretOverlapThenExpiry(t *testing.T) {
 			}
 		}
 
-		// After it: only the new secret signs.
+		// After it: only the new secret signs. The receiver has had the
+		// request, but the relay may not have its answer yet; moving the
+		// relay's clock a day while the request is in flight would make it
+		// a day-long request to the scheduler, which then paces the
+		// endpoint's next delivery minutes of that clock away, and the
+		// clock does not move again. So the outcome is written first.
+		b.eventually("the first delivery recorded", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1
+		})
 		fake.Advance(24*time.Hour + time.Second)
 		b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(`2`)})
 		got = rc.next(t)
