@@ -25,7 +25,7 @@ func ExampleOutbox_EnqueueMany() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	defer db.Close()
 	ob, _ := outbox.New(ctx, db, outbox.Config{})
 	ob.Migrate(ctx)
@@ -74,7 +74,7 @@ func ExampleEvent_deliverAt() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	defer db.Close()
 	ob, _ := outbox.New(ctx, db, outbox.Config{AllowHTTP: true, AllowPrivateTargets: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

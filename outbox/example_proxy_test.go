@@ -24,7 +24,7 @@ func ExampleRelayConfig_proxy() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	if err != nil {
 		panic(err)
 	}

@@ -31,7 +31,7 @@ func ExampleConfig_tracing() {
 
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	defer db.Close()
 	ob, err := outbox.New(ctx, db, outbox.Config{TracerProvider: tp,
 		AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

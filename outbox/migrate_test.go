@@ -68,7 +68,7 @@ func TestSQLiteReplicasStartTogether(t *testing.T) {
 		errs := make(chan error, replicas)
 		var wg sync.WaitGroup
 		for r := range replicas {
-			db, err := sql.Open("sqlite3", dsn)
+			db, err := sql.Open(testdb.SQLiteBackends[0].Driver, dsn)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +138,7 @@ func TestSQLiteNewWaitsForLock(t *testing.T) {
 	defer cancel()
 	path := filepath.Join(t.TempDir(), "txhook.db")
 	release := testdb.HoldSQLiteLock(t, path)
-	db, err := sql.Open("sqlite3", outbox.SQLiteDSN(path))
+	db, err := sql.Open(testdb.SQLiteBackends[0].Driver, outbox.SQLiteDSN(path))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,11 +13,12 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	msqlite "github.com/golang-migrate/migrate/v4/database/sqlite3"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
-	_ "github.com/mattn/go-sqlite3"
 	"github.com/pressly/goose/v3"
 
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/migrations"
+
+	_ "modernc.org/sqlite" // pure Go; mattn/go-sqlite3 ("sqlite3") works the same
 )
 
 // openExample opens a fresh SQLite database and returns it with a function
@@ -27,7 +28,7 @@ func openExample() (*sql.DB, func()) {
 	if err != nil {
 		panic(err)
 	}
-	db, err := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, err := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	if err != nil {
 		panic(err)
 	}

@@ -7,12 +7,13 @@ import (
 	"os"
 	"path/filepath"
 
-	_ "github.com/mattn/go-sqlite3"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/otelmetrics"
+
+	_ "modernc.org/sqlite" // pure Go; mattn/go-sqlite3 ("sqlite3") works the same
 )
 
 // The gauges are read from the database at each collection: here, an
@@ -25,7 +26,7 @@ func ExampleNew() {
 
 	dir, _ := os.MkdirTemp("", "txhook-example-")
 	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "app.db")))
 	defer db.Close()
 	ob, _ := outbox.New(ctx, db, outbox.Config{})
 	if err := ob.Migrate(ctx); err != nil {
