@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,10 +62,10 @@ func (f *tenantFixture) snapshot() string {
 	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT secrets, enabled FROM txhook_endpoints WHERE id = ?`), f.epA.ID).Scan(&secrets, &enabled); err != nil {
 		b.t.Fatal(err)
 	}
-	return fmt.Sprintf("endpoints=%d deliveries=%d events=%d dead=%d audit=%d enabled=%v secrets=%s",
+	return fmt.Sprintf("endpoints=%d deliveries=%d events=%d dead=%d audit=%d enabled=%v secrets=%x",
 		b.count(`SELECT count(*) FROM txhook_endpoints WHERE tenant = 'merchant-a'`),
 		b.count(`SELECT count(*) FROM txhook_deliveries`), b.count(`SELECT count(*) FROM txhook_events`),
-		b.count(`SELECT count(*) FROM txhook_dead_letters`), b.count(`SELECT count(*) FROM txhook_audit`), enabled, secrets)
+		b.count(`SELECT count(*) FROM txhook_dead_letters`), b.count(`SELECT count(*) FROM txhook_audit`), enabled, sha256.Sum256([]byte(secrets)))
 }
 
 // Every TenantView call of tenant B that names tenant A's endpoint, event
