@@ -514,3 +514,34 @@ func TestTenantDeliveriesExportAndSeries(t *testing.T) {
 		}
 	})
 }
+
+// Audit entries go after Retention.Audit (400 days by default), not before.
+func TestRetentionPrunesAudit(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		b := setup(t, db, outbox.Config{Clock: clk})
+		for i := range 3 {
+			if err := b.ob.Record(b.ctx, "m", "test.action", fmt.Sprint(i), nil); err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(100 * 24 * time.Hour)
+		}
+		// Now 300 days after the first: nothing is 400 days old.
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{}); err != nil || p.Audit != 0 {
+			t.Fatalf("prune at 300 days: %+v %v", p, err)
+		}
+		clk.Advance(150 * 24 * time.Hour) // 450, 350, 250 days old
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{BatchSize: 1}); err != nil || p.Audit != 1 {
+			t.Fatalf("prune at 450 days: %+v %v", p, err)
+		}
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{Audit: 300 * 24 * time.Hour}); err != nil || p.Audit != 1 {
+			t.Fatalf("prune with 300 days: %+v %v", p, err)
+		}
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{Audit: -1}); err != nil || p.Audit != 0 {
+			t.Fatalf("prune with audit kept forever: %+v %v", p, err)
+		}
+		if n := b.count(`SELECT count(*) FROM txhook_audit`); n != 1 {
+			t.Fatalf("%d audit rows left", n)
+		}
+	})
+}
