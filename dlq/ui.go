@@ -1,8 +1,8 @@
 package dlq
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
