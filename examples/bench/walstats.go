@@ -73,20 +73,25 @@ func startWrites(ctx context.Context, db *sql.DB, schema string) (*writeMeter, e
 	return m, nil
 }
 
-// stop returns what was written since startWrites. The row counters reach
-// pg_stat_user_tables when a backend goes idle, at most once a second, so
-// stop waits until two readings a second apart agree.
+// stop returns what was written since startWrites. A backend reports its
+// row counters to pg_stat_user_tables at most once a second, and an idle
+// one up to 10 s later, but always when it exits: stop closes the pool's
+// idle connections (the pool opens new ones as needed) and waits until two
+// readings agree.
 func (m *writeMeter) stop(ctx context.Context) (writes, error) {
 	var w writes
 	if err := m.db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, m.lsn).Scan(&w.wal); err != nil {
 		return w, err
 	}
+	idle := m.db.Stats().MaxOpenConnections
+	m.db.SetMaxIdleConns(0)
+	m.db.SetMaxIdleConns(max(idle, 2))
 	prev, err := m.read(ctx)
 	if err != nil {
 		return w, err
 	}
-	for range 10 {
-		time.Sleep(1100 * time.Millisecond)
+	for range 30 {
+		time.Sleep(500 * time.Millisecond)
 		cur, err := m.read(ctx)
 		if err != nil {
 			return w, err
