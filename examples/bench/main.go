@@ -80,6 +80,12 @@ type config struct {
 	LatencyRates  []int
 	LatencyWarmup time.Duration
 	LatencyDur    time.Duration
+	// The generator: goroutines committing business transactions on a
+	// pool of LatencyPool connections, which the relay shares unless
+	// LatencyRelayPool gives it a pool of its own. 0: the defaults.
+	LatencyWorkers   int
+	LatencyPool      int
+	LatencyRelayPool int
 
 	FairnessRate int // the calm tenant's events per second
 
@@ -118,6 +124,8 @@ func defaultConfig() config {
 		LatencyRates:     []int{500, 2000},
 		LatencyWarmup:    3 * time.Second,
 		LatencyDur:       15 * time.Second,
+		LatencyWorkers:   defaultLatencyWorkers,
+		LatencyPool:      defaultLatencyPool,
 		FairnessRate:     100,
 		BacklogSmall:     10000,
 		BacklogLarge:     1000000,
@@ -162,6 +170,9 @@ func main() {
 	rates := flag.String("latency-rates", joinInts(cfg.LatencyRates), "latency: events per second, comma-separated")
 	flag.DurationVar(&cfg.LatencyWarmup, "latency-warmup", cfg.LatencyWarmup, "latency: warm-up before measuring")
 	flag.DurationVar(&cfg.LatencyDur, "latency-dur", cfg.LatencyDur, "latency: measured duration per rate")
+	flag.IntVar(&cfg.LatencyWorkers, "latency-workers", cfg.LatencyWorkers, "latency: goroutines committing business transactions")
+	flag.IntVar(&cfg.LatencyPool, "latency-pool", cfg.LatencyPool, "latency: connections of the pool the generator (and the relay, unless -latency-relay-pool) use")
+	flag.IntVar(&cfg.LatencyRelayPool, "latency-relay-pool", 0, "latency: connections of a pool of the relay's own (0: the relay shares the generator's pool, as a service running its relay in-process)")
 	flag.IntVar(&cfg.FairnessRate, "fairness-rate", cfg.FairnessRate, "fairness: the calm tenant's events per second (warm-up and duration as for latency)")
 	flag.IntVar(&cfg.BacklogSmall, "backlog-small", cfg.BacklogSmall, "backlog: small backlog size")
 	flag.IntVar(&cfg.BacklogLarge, "backlog-large", cfg.BacklogLarge, "backlog: large backlog size")

@@ -14,6 +14,9 @@
 -- unfinished deliveries, so the completion of a delivery (to 'succeeded' or
 -- 'dead') adds no entry to it: one B-tree insert fewer, about 80 bytes of
 -- WAL and its CPU, per delivery; and it stays as small as the backlog.
+-- state comes first: the completion statement looks up the running
+-- deliveries of a batch, and may walk this index for them; it then reads
+-- the running ones only, never the whole backlog of pending retries.
 --
 -- Fill factor 50 on the queue tables. Each event is updated once after its
 -- insert (dispatched) and each delivery about once (completed), and neither
@@ -32,7 +35,7 @@
 
 -- +goose Up
 CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_unfinished
-    ON txhook_deliveries (endpoint_id, state)
+    ON txhook_deliveries (state, endpoint_id)
     WHERE state IN ('pending', 'running', 'paused', 'blocked');
 DROP INDEX IF EXISTS txhook_deliveries_endpoint;
 ALTER TABLE txhook_events SET (fillfactor = 50);

@@ -3,7 +3,7 @@
 
 -- +goose Up
 CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_unfinished
-    ON txhook_deliveries (endpoint_id, state)
+    ON txhook_deliveries (state, endpoint_id)
     WHERE state IN ('pending', 'running', 'paused', 'blocked');
 DROP INDEX IF EXISTS txhook_deliveries_endpoint;
 
