@@ -51,6 +51,9 @@ func cpuSummary(rs []drainResult, server bool) string {
 // partDrain delivers a backlog to the local receiver at each concurrency,
 // against the bare POST loop at the same concurrency, alternating rounds.
 func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver) error {
+	if err := tableSettings(ctx, cfg.DSN, rep); err != nil {
+		return err
+	}
 	var detail strings.Builder
 	for _, conc := range cfg.DrainConc {
 		bare, relay, err := drainRounds(ctx, cfg.DrainRounds, conc, cfg.DrainEvents, p, "postgres", rcv,
@@ -81,6 +84,36 @@ func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *r
 		fmt.Fprintf(&detail, "%d in flight, %d rounds\n  bare   /s: %s\n  txhook /s: %s\n", conc, len(relay), rates(drainRates(bare)), rates(drainRates(relay)))
 	}
 	rep.section("Drain rounds (PostgreSQL)", detail.String())
+	return nil
+}
+
+// tableSettings reports the per-table storage settings the migrations
+// give txhook's tables (autovacuum thresholds, fill factors), read from a
+// freshly migrated schema.
+func tableSettings(ctx context.Context, dsn string, rep *report) error {
+	s, err := newSchema(ctx, dsn, "pgx", 2, localOutbox())
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	rows, err := s.db.QueryContext(ctx, `SELECT c.relname, array_to_string(c.reloptions, ', ') FROM pg_class c
+WHERE c.relnamespace = $1::regnamespace AND c.reloptions IS NOT NULL ORDER BY c.relname`, s.name)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var rel, opts string
+		if err := rows.Scan(&rel, &opts); err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s: %s\n", rel, opts)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rep.section("Per-table settings (from the migrations)", b.String())
 	return nil
 }
 
