@@ -55,7 +55,7 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	// Failures are counted on the partial index of failed attempts, so
 	// both counts are index-only, however busy the endpoint.
 	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT
-    (SELECT count(*) FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?),
+    (SELECT count(*) FROM txhook_attempt_log WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?),
     (SELECT count(*) FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? AND error <> ''),
     (SELECT count(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state IN (`+unfinishedStates+`)),
     (SELECT count(*) FROM txhook_dead_letters WHERE endpoint_id = ?),
@@ -79,7 +79,7 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	err = s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*), min(CASE WHEN ok = 1 THEN rn END) FROM (
     SELECT CASE WHEN error = '' THEN 1 ELSE 0 END AS ok,
            ROW_NUMBER() OVER (ORDER BY started_at DESC, id DESC) AS rn
-    FROM (SELECT started_at, id, error FROM txhook_attempts WHERE endpoint_id = ?
+    FROM (SELECT started_at, id, error FROM txhook_attempt_log WHERE endpoint_id = ?
           ORDER BY started_at DESC, id DESC LIMIT ?) latest
 ) ranked`), endpointID, HealthRecent).Scan(&n, &firstOK)
 	if err != nil {
@@ -91,7 +91,7 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	}
 
 	if h.LastSuccess, err = s.oneAttempt(ctx, `SELECT delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error
-FROM (SELECT * FROM txhook_attempts WHERE endpoint_id = ? ORDER BY started_at DESC, id DESC LIMIT ?) latest
+FROM (SELECT * FROM txhook_attempt_log WHERE endpoint_id = ? ORDER BY started_at DESC, id DESC LIMIT ?) latest
 WHERE error = '' ORDER BY started_at DESC, id DESC LIMIT 1`, endpointID, HealthRecent); err != nil {
 		return HealthStats{}, err
 	}
@@ -118,7 +118,7 @@ func (s *Store) oneAttempt(ctx context.Context, query string, args ...any) (*Att
 // no percentile function, so the (bounded) sample is sorted here and
 // interpolated the same way.
 func (s *Store) latency(ctx context.Context, h *HealthStats, endpointID string, since, until time.Time) error {
-	const sample = `SELECT duration_us FROM txhook_attempts
+	const sample = `SELECT duration_us FROM txhook_attempt_log
 WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? AND duration_us > 0
 ORDER BY started_at DESC LIMIT ?`
 	args := []any{endpointID, s.T(since), s.T(until), HealthLatencySample}

@@ -50,6 +50,14 @@ ORDER BY updated_at LIMIT ?`+lock), s.T(before), limit)
 		}
 		n, _ := res.RowsAffected()
 		attempts = int(n)
+		// First attempts that succeeded are in their deliveries' rows
+		// (migration 008) and go with them.
+		var inline int
+		if err := q.QueryRowContext(ctx, s.Rebind(`SELECT count(*) FROM txhook_deliveries WHERE `+s.idsIn("id")+` AND ok_started_at IS NOT NULL`),
+			jsonIDs(ids)).Scan(&inline); err != nil {
+			return err
+		}
+		attempts += inline
 		res, err = q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_deliveries WHERE `+s.idsIn("id")), jsonIDs(ids))
 		if err != nil {
 			return err
@@ -172,7 +180,7 @@ var pgRepairHealth = `WITH locked AS MATERIALIZED (
     SELECT ep.id, ep.failing_since AS was,
            GREATEST(ep.last_success_at, (
                SELECT max(x.started_at) FROM (
-                   SELECT a.started_at, a.error FROM txhook_attempts a
+                   SELECT a.started_at, a.error FROM txhook_attempt_log a
                    WHERE a.endpoint_id = ep.id AND a.started_at > COALESCE(ep.last_success_at, '-infinity')
                    ORDER BY a.started_at DESC LIMIT $2) x
                WHERE x.error = '')) AS ok,
@@ -317,7 +325,7 @@ func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan 
 	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints
 SET last_success_at = `+s.greatest("last_success_at", `(
         SELECT max(x.started_at) FROM (
-            SELECT a.started_at, a.error FROM txhook_attempts a
+            SELECT a.started_at, a.error FROM txhook_attempt_log a
             WHERE a.endpoint_id = txhook_endpoints.id
               AND (txhook_endpoints.last_success_at IS NULL OR a.started_at > txhook_endpoints.last_success_at)
             ORDER BY a.started_at DESC LIMIT ?2) x
@@ -471,7 +479,7 @@ func (s *Store) DisableGone(ctx context.Context, id string, goneAt, now time.Tim
 		disabled = false
 		err := q.QueryRowContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET enabled = FALSE, disabled_reason = ?, updated_at = ?
 WHERE id = ? AND enabled AND (last_success_at IS NULL OR last_success_at < ?)
-  AND NOT EXISTS (SELECT 1 FROM txhook_attempts a
+  AND NOT EXISTS (SELECT 1 FROM txhook_attempt_log a
                   WHERE a.endpoint_id = txhook_endpoints.id AND a.error = '' AND a.started_at > ?)
 RETURNING tenant`), reason, s.T(now), id, s.T(goneAt), s.T(goneAt)).Scan(&tenant)
 		if err == sql.ErrNoRows {
