@@ -14,6 +14,13 @@ import (
 // concurrency.
 var drainTargets = map[int]float64{16: 7000, 100: 12000}
 
+// Issue 12's targets: the drain at least half the bare POST loop's rate in
+// the same run, and the PostgreSQL backends' CPU per delivery.
+const (
+	drainRatioTarget = 0.5
+	pgCPUTarget      = 40.0
+)
+
 // drainResult is one timed drain: deliveries (or requests) per second and
 // the CPU each cost, in µs, in this process (relay or bare loop, and the
 // receiver) and in the PostgreSQL backends of the pool (0 for the bare loop
@@ -69,15 +76,21 @@ func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *r
 			Ratio:    ratio(rr / br),
 		}
 		if t, ok := drainTargets[conc]; ok {
-			r.Target = "≥ " + rate(t) + "/s"
-			r.Verdict = verdict(rr >= t)
+			r.Target = fmt.Sprintf("≥ %s/s and ≥ %.1f×", rate(t), drainRatioTarget)
+			r.Verdict = verdict(rr >= t && rr/br >= drainRatioTarget)
 		}
 		rep.add(r)
 		if c := cpuSummary(relay, true); c != "" {
+			var sv []float64
+			for _, x := range relay {
+				sv = append(sv, x.serverUS)
+			}
 			rep.add(row{
 				Part:     fmt.Sprintf("… CPU per delivery, %d in flight: this process (relay, receiver) + its PostgreSQL backends (µs)", conc),
 				Value:    c,
 				Baseline: cpuSummary(bare, false) + " (bare loop, receiver)",
+				Target:   fmt.Sprintf("PostgreSQL ≤ %.0f µs", pgCPUTarget),
+				Verdict:  verdict(median(sv) <= pgCPUTarget),
 			})
 		}
 		addWrites(rep, &detail, conc, relay, cfg.DrainEvents)
