@@ -256,15 +256,16 @@ func drainBacklog(ctx context.Context, db *sql.DB, appName string, ob *outbox.Ou
 		}
 		enq = &w
 	}
-	res, err := timeDrain(ctx, db, appName, ob, conc, n, analyze)
+	res, err := timeDrain(ctx, db, appName, ob, conc, n, analyze, wm != nil)
 	res.enq = enq
 	return res, err
 }
 
 // timeDrain times a relay (conc in flight, to each endpoint too; other
 // settings default) delivering the n deliveries waiting in ob, until
-// Stats().Succeeded, which counts outcomes written back, reaches n.
-func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbox, conc, n int, analyze bool) (drainResult, error) {
+// Stats().Succeeded, which counts outcomes written back, reaches n. With
+// writes (PostgreSQL only) it also measures what the drain wrote.
+func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbox, conc, n int, analyze, writes bool) (drainResult, error) {
 	var res drainResult
 	if analyze {
 		// The server may run with autovacuum off; a real outbox has
@@ -281,6 +282,8 @@ func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbo
 	var wm *writeMeter
 	if appName != "" {
 		cpuDB = db
+	}
+	if writes {
 		if wm, err = startWrites(ctx, db, appName); err != nil {
 			return res, err
 		}
