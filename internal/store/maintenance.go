@@ -174,13 +174,17 @@ var pgRecordHealth = `WITH b AS (
 
 // pgRepairHealth recomputes the health of endpoints $1 (a JSON array of
 // IDs) from the attempt log: the latest failed attempt through the partial
-// index of failures, the latest success among at most $2 of the attempts
-// since the recorded one (NULL: all of them).
+// index of failures; the latest success: the latest first attempt kept in
+// a delivery's row (one probe of txhook_deliveries_endpoint_ok; those are
+// all successes) and the latest success among at most $2 of the attempt
+// rows since the recorded one (NULL: all of them).
 var pgRepairHealth = `WITH locked AS MATERIALIZED (
     SELECT ep.id, ep.failing_since AS was,
            GREATEST(ep.last_success_at, (
+               SELECT max(d.ok_started_at) FROM txhook_deliveries d
+               WHERE d.endpoint_id = ep.id AND d.ok_started_at IS NOT NULL), (
                SELECT max(x.started_at) FROM (
-                   SELECT a.started_at, a.error FROM txhook_attempt_log a
+                   SELECT a.started_at, a.error FROM txhook_attempts a
                    WHERE a.endpoint_id = ep.id AND a.started_at > COALESCE(ep.last_success_at, '-infinity')
                    ORDER BY a.started_at DESC LIMIT $2) x
                WHERE x.error = '')) AS ok,
@@ -323,9 +327,11 @@ func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan 
 		return nil, err
 	}
 	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints
-SET last_success_at = `+s.greatest("last_success_at", `(
+SET last_success_at = `+s.greatest(s.greatest("last_success_at", `(
+        SELECT max(d.ok_started_at) FROM txhook_deliveries d
+        WHERE d.endpoint_id = txhook_endpoints.id AND d.ok_started_at IS NOT NULL)`), `(
         SELECT max(x.started_at) FROM (
-            SELECT a.started_at, a.error FROM txhook_attempt_log a
+            SELECT a.started_at, a.error FROM txhook_attempts a
             WHERE a.endpoint_id = txhook_endpoints.id
               AND (txhook_endpoints.last_success_at IS NULL OR a.started_at > txhook_endpoints.last_success_at)
             ORDER BY a.started_at DESC LIMIT ?2) x
