@@ -40,8 +40,9 @@
 -- after a failure) is still a row of txhook_attempts. The attempt log is
 -- the view txhook_attempt_log: the rows of txhook_attempts and, for each
 -- delivery with ok_started_at set, its inline attempt, numbered 1, with id
--- 0. txhook reads attempts through it; so should anything else that reads
--- the attempt log. txhook_deliveries_endpoint_ok serves the per-endpoint
+-- 0. Anything that reads the attempt log should read it (txhook's reads of
+-- an endpoint's latest attempts query both parts, each with its own limit,
+-- which the planner cannot do through the view). txhook_deliveries_endpoint_ok serves the per-endpoint
 -- reads of the log (health counts and latencies, the latest successes)
 -- for the inline attempts, as txhook_attempts_endpoint does for the rows.
 -- Going down moves the inline attempts into txhook_attempts first.
