@@ -95,19 +95,19 @@ func (p *Portal) badBody(w http.ResponseWriter, r *http.Request) {
 // apiEndpoint is an endpoint in the API. Secrets are masked except in the
 // answer to the call that created or rotated them.
 type apiEndpoint struct {
-	ID             string            `json:"id"`
-	URL            string            `json:"url"`
-	Description    string            `json:"description"`
-	EventTypes     []string          `json:"event_types"`
-	Enabled        bool              `json:"enabled"`
-	DisabledReason string            `json:"disabled_reason,omitempty"`
-	Versions       map[string]int    `json:"versions,omitempty"`
-	HeaderNames    []string          `json:"header_names,omitempty"`
-	Secrets        []apiSecret       `json:"secrets"`
-	FailingSince   *time.Time        `json:"failing_since,omitempty"`
-	DisableAt      *time.Time        `json:"disable_at,omitempty"`
-	CreatedAt      time.Time         `json:"created_at"`
-	Health         map[string]any    `json:"health,omitempty"`
+	ID             string         `json:"id"`
+	URL            string         `json:"url"`
+	Description    string         `json:"description"`
+	EventTypes     []string       `json:"event_types"`
+	Enabled        bool           `json:"enabled"`
+	DisabledReason string         `json:"disabled_reason,omitempty"`
+	Versions       map[string]int `json:"versions,omitempty"`
+	HeaderNames    []string       `json:"header_names,omitempty"`
+	Secrets        []apiSecret    `json:"secrets"`
+	FailingSince   *time.Time     `json:"failing_since,omitempty"`
+	DisableAt      *time.Time     `json:"disable_at,omitempty"`
+	CreatedAt      time.Time      `json:"created_at"`
+	Health         map[string]any `json:"health,omitempty"`
 }
 
 type apiSecret struct {

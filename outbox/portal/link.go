@@ -145,7 +145,8 @@ func (p *Portal) redeem(w http.ResponseWriter, r *http.Request) {
 		p.internal(w, r, err)
 		return
 	}
-	c := &http.Cookie{Name: p.sessionCookie(r), Value: tok, Path: p.cfg.Prefix, Expires: exp, HttpOnly: true, SameSite: http.SameSiteLaxMode}
+	// MaxAge, not Expires: relative, so the browser's clock does not matter.
+	c := &http.Cookie{Name: p.sessionCookie(r), Value: tok, Path: p.cfg.Prefix, MaxAge: max(int(exp.Sub(now)/time.Second), 1), HttpOnly: true, SameSite: http.SameSiteLaxMode}
 	if c.Name != "txhook_portal" {
 		c.Path, c.Secure = "/", true
 	}

@@ -1,0 +1,47 @@
+package portal
+
+import (
+	"html/template"
+	"sort"
+	"strings"
+
+	"github.com/txhook/txhook/outbox"
+)
+
+// chartSVG holds an endpoint's two charts over one window, as inline SVG.
+type chartSVG struct {
+	Rate, Latency template.HTML
+}
+
+func (p *Portal) charts(l *locale, pts []outbox.HealthPoint) chartSVG {
+	return chartSVG{}
+}
+
+// requestHeaders renders the headers an attempt was sent with, escaped.
+func requestHeaders(l *locale, a outbox.Attempt) template.HTML {
+	if len(a.RequestHeaders) == 0 && a.SignatureNote == "" {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("<p><strong>")
+	b.WriteString(template.HTMLEscapeString(l.T("attempt.request")))
+	b.WriteString("</strong></p><pre class=\"headers\">")
+	names := make([]string, 0, len(a.RequestHeaders))
+	for k := range a.RequestHeaders {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		for _, v := range a.RequestHeaders[k] {
+			b.WriteString(template.HTMLEscapeString(k + ": " + v))
+			b.WriteByte('\n')
+		}
+	}
+	b.WriteString("</pre>")
+	if a.SignatureNote != "" {
+		b.WriteString(`<p class="muted">`)
+		b.WriteString(template.HTMLEscapeString(l.T("attempt.unsigned")))
+		b.WriteString("</p>")
+	}
+	return template.HTML(b.String())
+}
