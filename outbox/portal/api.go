@@ -66,12 +66,7 @@ func (p *Portal) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		r.Body = http.MaxBytesReader(w, r.Body, webui.MaxForm)
 	}
-	h, pattern := p.api.Handler(r)
-	if pattern == "" {
-		p.apiError(w, http.StatusNotFound, "not_found", loc.T("err.notfound"))
-		return
-	}
-	h.ServeHTTP(w, r)
+	p.api.ServeHTTP(w, r)
 }
 
 // decode reads a JSON body into v; an empty body leaves v as it is.
@@ -406,6 +401,9 @@ func (p *Portal) apiRoutes() {
 			out = append(out, map[string]any{"at": e.At.UTC(), "actor": e.Actor, "addr": e.Addr, "action": e.Action, "target": e.Target, "detail": e.Detail})
 		}
 		p.apiJSON(w, http.StatusOK, map[string]any{"entries": out, "next": pg.Next})
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		p.apiError(w, http.StatusNotFound, "not_found", state(r).loc.T("err.notfound"))
 	})
 	p.api = m
 }
