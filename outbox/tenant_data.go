@@ -3,9 +3,9 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -14,41 +14,167 @@ import (
 	"github.com/txhook/txhook/signer"
 )
 
-// HealthPoint is one bucket of TenantView.HealthSeries.
+// HealthPoint is one bucket of TenantView.HealthSeries: the attempts to
+// the endpoint started in [Start, Start+step).
 type HealthPoint struct {
 	Start     time.Time
-	Attempts  int
-	Succeeded int
-	P50, P99  time.Duration
+	Attempts  int // attempts started in the bucket
+	Succeeded int // of those, answered 2xx
+	// P50 and P99 are percentiles of the request duration of the bucket's
+	// attempts that made a request (interpolated as in Health), over at
+	// most HealthSeriesSample of them drawn evenly at random; zero when
+	// none did.
+	P50, P99 time.Duration
 }
 
-// HealthSeries is not implemented yet.
+// HealthSeries bounds.
+const (
+	// MaxHealthPoints is the most buckets HealthSeries returns.
+	MaxHealthPoints = 1000
+	// HealthSeriesSample is the most latencies a bucket keeps for its
+	// percentiles, so memory stays flat whatever the traffic.
+	HealthSeriesSample = 10000
+)
+
+// HealthSeries returns the health of one of the tenant's endpoints over the
+// window ending now, in buckets of step, oldest first: what the portal's
+// charts draw (24 h by the hour, 7 days by 6 hours). Buckets are aligned on
+// multiples of step since the Unix epoch (whole hours for an hour), the
+// last one holding now; buckets without attempts are included, zero. A
+// window or step that is not positive, a step longer than the window, or
+// more than MaxHealthPoints buckets is ErrInvalidFilter;
+// ErrEndpointNotFound for another tenant's endpoint.
+//
+// It reads the window's attempts through the (endpoint_id, started_at)
+// index, row by row, keeping counts and a bounded latency sample per
+// bucket; a busy endpoint over 7 days reads many rows: cache the result in
+// front of a page many people reload.
 func (v *TenantView) HealthSeries(ctx context.Context, endpointID string, window, step time.Duration) ([]HealthPoint, error) {
-	return nil, errors.New("txhook: not implemented yet")
+	if window <= 0 || step <= 0 || step > window {
+		return nil, fmt.Errorf("%w: want 0 < step <= window", ErrInvalidFilter)
+	}
+	n := int((window + step - 1) / step)
+	if n > MaxHealthPoints {
+		return nil, fmt.Errorf("%w: more than %d buckets", ErrInvalidFilter, MaxHealthPoints)
+	}
+	row, err := v.endpointRow(ctx, endpointID)
+	if err != nil {
+		return nil, err
+	}
+	now := v.o.clock.Now().UTC()
+	end := time.Unix(0, 0).UTC().Add(now.Sub(time.Unix(0, 0)) / step * step).Add(step)
+	start := end.Add(-time.Duration(n) * step)
+	points := make([]HealthPoint, n)
+	samples := make([]latencySample, n)
+	for i := range points {
+		points[i].Start = start.Add(time.Duration(i) * step)
+		samples[i].rng = uint64(i)*0x9E3779B97F4A7C15 + 1
+	}
+	err = v.o.st.EachAttemptOf(ctx, row.ID, start, end, func(at time.Time, d time.Duration, status int) {
+		i := int(at.Sub(start) / step)
+		if i < 0 || i >= n {
+			return
+		}
+		points[i].Attempts++
+		if status >= 200 && status <= 299 {
+			points[i].Succeeded++
+		}
+		if d > 0 {
+			samples[i].add(float64(d / time.Microsecond))
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("txhook: health series: %w", err)
+	}
+	for i := range points {
+		us := samples[i].kept
+		if len(us) == 0 {
+			continue
+		}
+		sort.Float64s(us)
+		points[i].P50, points[i].P99 = microseconds(store.Percentile(us, 0.5)), microseconds(store.Percentile(us, 0.99))
+	}
+	return points, nil
 }
 
-// ExportFilter selects what Export writes.
+// latencySample keeps a uniform random sample of at most
+// HealthSeriesSample values (reservoir sampling, deterministic seed).
+type latencySample struct {
+	kept []float64
+	seen uint64
+	rng  uint64
+}
+
+func (s *latencySample) add(x float64) {
+	s.seen++
+	if len(s.kept) < HealthSeriesSample {
+		s.kept = append(s.kept, x)
+		return
+	}
+	s.rng ^= s.rng << 13 // xorshift64
+	s.rng ^= s.rng >> 7
+	s.rng ^= s.rng << 17
+	if j := s.rng % s.seen; j < HealthSeriesSample {
+		s.kept[j] = x
+	}
+}
+
+// ExportFilter selects what Export writes: the tenant's events created in
+// [Since, Until), optionally of one type, with their deliveries, optionally
+// to one endpoint.
 type ExportFilter struct {
-	Since, Until time.Time
+	Since, Until time.Time // Since is required; zero Until means no end
 	EndpointID   string
 	EventType    string
 }
 
-// ExportRow is one line of an export.
+// ExportRow is one line of an export: an event and one of its deliveries.
+// An event replayed or resent has a row per delivery.
 type ExportRow struct {
-	EventID     string
-	EventType   string
-	CreatedAt   time.Time
-	EndpointID  string
-	State       string
-	Attempts    int
-	LastStatus  int
+	EventID    string
+	EventType  string
+	CreatedAt  time.Time // when the event was enqueued
+	EndpointID string
+	State      string // the delivery's state: StateSucceeded, StateDead, ...
+	Attempts   int
+	LastStatus int // 0: no HTTP response
+	// DeliveredAt is when the delivery succeeded; zero unless State is
+	// StateSucceeded.
 	DeliveredAt time.Time
 }
 
-// Export is not implemented yet.
+// Export calls fn with each delivery of the tenant's events in the filter's
+// range, ordered by event creation time, event ID and delivery ID (stable:
+// the same range exports the same rows in the same order while nothing is
+// delivered or pruned), reading them from the database row by row, so
+// memory stays flat however many there are: what a merchant reconciles
+// against its own records (对账). Events not dispatched yet, and events
+// that had no endpoint, have no row. It stops at fn's first error and
+// returns it. A zero Since, or Since not before a non-zero Until, is
+// ErrInvalidFilter; another tenant's endpoint ID matches nothing.
+//
+// The query holds a database connection (and, on SQLite, a read
+// transaction) until the last row: write rows to the client as they come,
+// not to something that can block for long.
 func (v *TenantView) Export(ctx context.Context, f ExportFilter, fn func(ExportRow) error) error {
-	return errors.New("txhook: not implemented yet")
+	if err := v.check(); err != nil {
+		return err
+	}
+	if f.Since.IsZero() || !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return fmt.Errorf("%w: export needs since before until", ErrInvalidFilter)
+	}
+	if !utf8Valid(f.EndpointID) || !utf8Valid(f.EventType) {
+		return nil
+	}
+	return v.o.st.ExportTenant(ctx, v.tenant, store.ExportFilter{Since: f.Since, Until: f.Until, EndpointID: f.EndpointID, EventType: f.EventType},
+		func(r store.ExportRow) error {
+			x := ExportRow{EventID: r.EventID, EventType: r.EventType, CreatedAt: r.CreatedAt, EndpointID: r.EndpointID,
+				State: r.State, Attempts: r.Attempts, LastStatus: r.LastStatus}
+			if r.State == StateSucceeded {
+				x.DeliveredAt = r.UpdatedAt
+			}
+			return fn(x)
+		})
 }
 
 // Attempts returns the attempt log of one of the tenant's deliveries, in

@@ -160,10 +160,13 @@ type ExportRow struct {
 }
 
 // ExportTenant calls fn for each delivery of tenant's events created in
-// [f.Since, f.Until), ordered by event creation, event ID and delivery ID,
+// [f.Since, f.Until) (no end when Until is zero), ordered by event creation, event ID and delivery ID,
 // reading row by row; it stops at fn's first error and returns it.
 func (s *Store) ExportTenant(ctx context.Context, tenant string, f ExportFilter, fn func(ExportRow) error) error {
-	where, args := "e.tenant = ? AND e.created_at >= ? AND e.created_at < ?", []any{tenant, s.T(f.Since), s.T(f.Until)}
+	where, args := "e.tenant = ? AND e.created_at >= ?", []any{tenant, s.T(f.Since)}
+	if !f.Until.IsZero() {
+		where, args = where+" AND e.created_at < ?", append(args, s.T(f.Until))
+	}
 	if f.EndpointID != "" {
 		where, args = where+" AND d.endpoint_id = ?", append(args, f.EndpointID)
 	}
