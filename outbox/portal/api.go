@@ -375,16 +375,8 @@ func (p *Portal) apiRoutes() {
 		p.apiJSON(w, http.StatusOK, map[string]any{"types": out})
 	})
 	m.HandleFunc("GET /api/export", func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		f := outbox.ExportFilter{EndpointID: q.Get("endpoint"), EventType: q.Get("type")}
-		var ok1, ok2 bool
-		f.Since, ok1 = parseTime(q.Get("since"))
-		f.Until, ok2 = parseTime(q.Get("until"))
-		format := q.Get("format")
-		if format == "" {
-			format = "json"
-		}
-		if !ok1 || !ok2 || (format != "csv" && format != "json") {
+		f, format, ok := p.exportFilter(r.URL.Query(), "json")
+		if !ok {
 			p.apiError(w, http.StatusBadRequest, "filter", state(r).loc.T("err.filter"))
 			return
 		}

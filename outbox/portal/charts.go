@@ -13,7 +13,7 @@ type chartSVG struct {
 	Rate, Latency template.HTML
 }
 
-func (p *Portal) charts(l *locale, pts []outbox.HealthPoint) chartSVG {
+func (p *Portal) charts(l *locale, window string, pts []outbox.HealthPoint) chartSVG {
 	return chartSVG{}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -51,22 +52,34 @@ func stamp(t time.Time) string {
 // (format=json), row by row as the database returns them.
 func (p *Portal) export(w http.ResponseWriter, r *http.Request) {
 	st := state(r)
-	q := r.URL.Query()
-	f := outbox.ExportFilter{EndpointID: q.Get("endpoint"), EventType: q.Get("type")}
-	var ok1, ok2 bool
-	f.Since, ok1 = parseTime(q.Get("since"))
-	f.Until, ok2 = parseTime(q.Get("until"))
-	format := q.Get("format")
-	if !ok1 || !ok2 || (format != "" && format != "csv" && format != "json") {
+	f, format, ok := p.exportFilter(r.URL.Query(), "csv")
+	if !ok {
 		p.fail(w, r, st.tenant, http.StatusBadRequest, "err.filter")
 		return
-	}
-	if format == "" {
-		format = "csv"
 	}
 	p.writeExport(w, r, f, format, func(err error) {
 		p.internal(w, r, err)
 	})
+}
+
+// DefaultExportSpan is how far back an export without a start goes.
+const DefaultExportSpan = 31 * 24 * time.Hour
+
+// exportFilter reads an export's query: since (default DefaultExportSpan
+// ago), until, endpoint, type, and format (csv or json, default def).
+func (p *Portal) exportFilter(q url.Values, def string) (outbox.ExportFilter, string, bool) {
+	f := outbox.ExportFilter{EndpointID: q.Get("endpoint"), EventType: q.Get("type")}
+	var ok1, ok2 bool
+	f.Since, ok1 = parseTime(q.Get("since"))
+	f.Until, ok2 = parseTime(q.Get("until"))
+	if f.Since.IsZero() {
+		f.Since = p.now().Add(-DefaultExportSpan)
+	}
+	format := q.Get("format")
+	if format == "" {
+		format = def
+	}
+	return f, format, ok1 && ok2 && (format == "csv" || format == "json") && (f.Until.IsZero() || f.Since.Before(f.Until))
 }
 
 // writeExport streams an export; onEarlyErr answers when nothing was

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -50,6 +51,9 @@ func newEnv(t *testing.T, db *testdb.DB, ocfg outbox.Config, pcfg portal.Config)
 	t.Helper()
 	cat := testCatalog(t)
 	ocfg.Catalog = cat
+	if ocfg.Logger == nil {
+		ocfg.Logger = slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
 	ob, ctx := testob.NewOutboxWith(t, db, ocfg)
 	if pcfg.LinkKeys == nil && pcfg.Tenant == nil {
 		pcfg.LinkKeys = [][]byte{linkKey}
@@ -241,3 +245,8 @@ func (e *env) deliveries(tenant string, n int) []outbox.Delivery {
 }
 
 var _ = sql.ErrNoRows
+
+// tlog writes log lines to the test's log.
+type tlog struct{ t *testing.T }
+
+func (w tlog) Write(b []byte) (int, error) { w.t.Log(strings.TrimSpace(string(b))); return len(b), nil }

@@ -180,6 +180,6 @@ var messages = map[string][2]string{
 	"action.endpoint.disable":       {"disabled an endpoint", "停用端点"},
 	"action.endpoint.rotate_secret": {"rotated a secret", "轮换密钥"},
 	"action.endpoint.recover":       {"recovered missed events", "恢复错过的事件"},
-	"action.endpoint.test":          {"sent a test event", "发送测试事件"},
+	"action.endpoint.send_test":     {"sent a test event", "发送测试事件"},
 	"action.delivery.resend":        {"resent a delivery", "重新发送投递"},
 }

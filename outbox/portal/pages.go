@@ -73,8 +73,7 @@ func (p *Portal) lookup(w http.ResponseWriter, r *http.Request) (outbox.Endpoint
 
 // endpointPage is the endpoint page's data.
 type endpointPage struct {
-	endpointRow
-	Day, Week []outbox.HealthPoint
+	Row       endpointRow
 	DayChart  chartSVG
 	WeekChart chartSVG
 	Secrets   []secretRow
@@ -98,21 +97,23 @@ func (p *Portal) endpoint(w http.ResponseWriter, r *http.Request) {
 		p.internal(w, r, err)
 		return
 	}
-	d := endpointPage{endpointRow: row}
+	d := endpointPage{Row: row}
 	if p.cfg.Catalog != nil {
 		for _, t := range p.cfg.Catalog.Types() {
 			d.TestTypes = append(d.TestTypes, t.Name)
 		}
 	}
-	if d.Day, err = st.view.HealthSeries(r.Context(), ep.ID, 24*time.Hour, time.Hour); err != nil {
+	day, err := st.view.HealthSeries(r.Context(), ep.ID, 24*time.Hour, time.Hour)
+	if err != nil {
 		p.internal(w, r, err)
 		return
 	}
-	if d.Week, err = st.view.HealthSeries(r.Context(), ep.ID, 7*24*time.Hour, 6*time.Hour); err != nil {
+	week, err := st.view.HealthSeries(r.Context(), ep.ID, 7*24*time.Hour, 6*time.Hour)
+	if err != nil {
 		p.internal(w, r, err)
 		return
 	}
-	d.DayChart, d.WeekChart = p.charts(st.loc, d.Day), p.charts(st.loc, d.Week)
+	d.DayChart, d.WeekChart = p.charts(st.loc, "24h", day), p.charts(st.loc, "7d", week)
 	for _, s := range ep.Secrets {
 		sr := secretRow{Masked: s.Masked()}
 		if !s.ExpiresAt.IsZero() {
