@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,10 +62,10 @@ func (f *tenantFixture) snapshot() string {
 	if err := b.db.QueryRowContext(b.ctx, b.rebind(`SELECT secrets, enabled FROM txhook_endpoints WHERE id = ?`), f.epA.ID).Scan(&secrets, &enabled); err != nil {
 		b.t.Fatal(err)
 	}
-	return fmt.Sprintf("endpoints=%d deliveries=%d events=%d dead=%d audit=%d enabled=%v secrets=%s",
+	return fmt.Sprintf("endpoints=%d deliveries=%d events=%d dead=%d audit=%d enabled=%v secrets=%x",
 		b.count(`SELECT count(*) FROM txhook_endpoints WHERE tenant = 'merchant-a'`),
 		b.count(`SELECT count(*) FROM txhook_deliveries`), b.count(`SELECT count(*) FROM txhook_events`),
-		b.count(`SELECT count(*) FROM txhook_dead_letters`), b.count(`SELECT count(*) FROM txhook_audit`), enabled, secrets)
+		b.count(`SELECT count(*) FROM txhook_dead_letters`), b.count(`SELECT count(*) FROM txhook_audit`), enabled, sha256.Sum256([]byte(secrets)))
 }
 
 // Every TenantView call of tenant B that names tenant A's endpoint, event
@@ -510,6 +511,37 @@ func TestTenantDeliveriesExportAndSeries(t *testing.T) {
 		}
 		if _, err := v.HealthSeries(b.ctx, ep1.ID, 7*24*time.Hour, time.Minute); !errors.Is(err, outbox.ErrInvalidFilter) {
 			t.Errorf("too many buckets: %v", err)
+		}
+	})
+}
+
+// Audit entries go after Retention.Audit (400 days by default), not before.
+func TestRetentionPrunesAudit(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		b := setup(t, db, outbox.Config{Clock: clk})
+		for i := range 3 {
+			if err := b.ob.Record(b.ctx, "m", "test.action", fmt.Sprint(i), nil); err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(100 * 24 * time.Hour)
+		}
+		// Now 300 days after the first: nothing is 400 days old.
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{}); err != nil || p.Audit != 0 {
+			t.Fatalf("prune at 300 days: %+v %v", p, err)
+		}
+		clk.Advance(150 * 24 * time.Hour) // 450, 350, 250 days old
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{BatchSize: 1}); err != nil || p.Audit != 1 {
+			t.Fatalf("prune at 450 days: %+v %v", p, err)
+		}
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{Audit: 300 * 24 * time.Hour}); err != nil || p.Audit != 1 {
+			t.Fatalf("prune with 300 days: %+v %v", p, err)
+		}
+		if p, err := b.ob.Prune(b.ctx, outbox.Retention{Audit: -1}); err != nil || p.Audit != 0 {
+			t.Fatalf("prune with audit kept forever: %+v %v", p, err)
+		}
+		if n := b.count(`SELECT count(*) FROM txhook_audit`); n != 1 {
+			t.Fatalf("%d audit rows left", n)
 		}
 	})
 }
