@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/txhook/txhook/internal/svgchart"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -13,8 +14,17 @@ type chartSVG struct {
 	Rate, Latency template.HTML
 }
 
+// charts draws the success rate and the p50/p99 latency of one window
+// ("24h" or "7d"), labelled in the page's language.
 func (p *Portal) charts(l *locale, window string, pts []outbox.HealthPoint) chartSVG {
-	return chartSVG{}
+	o := svgchart.Options{NoData: l.T("attempts.none"), P50: "p50", P99: "p99"}
+	if window == "7d" {
+		o.TimeFormat = "01-02 15:04"
+	}
+	rate, lat := o, o
+	rate.ID, rate.Title, rate.Desc = "rate-"+window, l.T("chart.rate"), l.T("chart.rate_desc."+window)
+	lat.ID, lat.Title, lat.Desc = "latency-"+window, l.T("chart.latency"), l.T("chart.latency_desc."+window)
+	return chartSVG{Rate: svgchart.SuccessRate(pts, rate), Latency: svgchart.Latency(pts, lat)}
 }
 
 // requestHeaders renders the headers an attempt was sent with, escaped.

@@ -34,6 +34,9 @@ func TestMessagesComplete(t *testing.T) {
 		}
 	}
 	used := map[string]bool{}
+	for _, s := range []string{"rate_desc.24h", "rate_desc.7d", "latency_desc.24h", "latency_desc.7d"} {
+		used["chart."+s] = true
+	}
 	for _, s := range []string{"400", "403", "404", "409", "500"} {
 		used["status."+s] = true
 	}
@@ -41,7 +44,7 @@ func TestMessagesComplete(t *testing.T) {
 		used["dstate."+s] = true
 	}
 	tmpl := regexp.MustCompile(`\.T "([a-z0-9_.]+)"`)
-	code := regexp.MustCompile(`"((?:err|done|secret|nav|form|time|attempt|status|state)\.[a-z0-9_]+)"`)
+	code := regexp.MustCompile(`"((?:err|done|secret|nav|form|time|attempt|status|state|chart)\.[a-z0-9_]+)"`)
 	files, _ := filepath.Glob("templates/*.html")
 	gofiles, _ := filepath.Glob("*.go")
 	for _, f := range append(files, gofiles...) {

@@ -82,6 +82,12 @@ var messages = map[string][2]string{
 	"dstate.paused":    {"Paused", "已暂停"},
 	"dstate.blocked":   {"Waiting for an earlier event", "等待前序事件"},
 
+	"chart.rate":              {"Success rate", "成功率"},
+	"chart.latency":           {"Latency", "延迟"},
+	"chart.rate_desc.24h":     {"Share of attempts answered 2xx, hour by hour over the last 24 hours.", "最近 24 小时内每小时返回 2xx 的尝试占比。"},
+	"chart.rate_desc.7d":      {"Share of attempts answered 2xx, by 6 hours over the last 7 days.", "最近 7 天内每 6 小时返回 2xx 的尝试占比。"},
+	"chart.latency_desc.24h":  {"Median (p50) and 99th percentile (p99) response time, hour by hour over the last 24 hours.", "最近 24 小时内每小时的响应时间中位数（p50）和 99 分位（p99）。"},
+	"chart.latency_desc.7d":   {"Median (p50) and 99th percentile (p99) response time, by 6 hours over the last 7 days.", "最近 7 天内每 6 小时的响应时间中位数（p50）和 99 分位（p99）。"},
 	"endpoint.edit":           {"Edit", "编辑"},
 	"endpoint.health":         {"Health", "健康状况"},
 	"window.24h":              {"Last 24 hours", "最近 24 小时"},
