@@ -9,6 +9,7 @@ import (
 
 	"github.com/txhook/txhook/dlq"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/outbox"
 )
 
 // Issue 11: a page filtered by ?tenant= still opened another tenant's dead
@@ -89,6 +90,43 @@ func TestUIScopeLimitsEveryRouteToOneTenant(t *testing.T) {
 		// The audit log shows acme's entries only.
 		if body := s.get("audit?tenant=globex"); !strings.Contains(body, "dlq.replay") || strings.Contains(body, "globex") {
 			t.Errorf("audit page of a limited operator:\n%s", body)
+		}
+	})
+}
+
+// The endpoint page draws the health charts, tenant names link into the
+// merchant portal when PortalLink is set, and operator actions land in the
+// audit log page with the actor the host put in the request's context.
+func TestUIChartsPortalLinksAndAudit(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		s := seedWith(t, db, dlq.UIConfig{PortalLink: func(tenant string) (string, error) {
+			return "https://portal.example/t/" + tenant + "?sig=<x>", nil
+		}})
+		page := s.get("endpoints/" + s.acme.ID)
+		for _, want := range []string{`<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-success"`, `class="chart chart-latency"`,
+			`id="success-day-title"`, `id="latency-week-title"`, `href="https://portal.example/t/acme?sig=%3cx%3e"`} {
+			if !strings.Contains(page, want) {
+				t.Errorf("endpoint page lacks %s", want)
+			}
+		}
+		if strings.Contains(page, "style=") {
+			t.Error("endpoint page has a style attribute (refused by the CSP)")
+		}
+		if list := s.get("endpoints"); !strings.Contains(list, `href="https://portal.example/t/globex?sig=%3cx%3e"`) {
+			t.Error("endpoint list lacks the portal links")
+		}
+		s.post("endpoints/"+s.acme.ID+"/disable", url.Values{"reason": {"maintenance"}})
+		s.post("dead/action", url.Values{"purge": {strconv.FormatInt(s.dead[3], 10)}})
+		entries, err := s.ob.AuditLog(s.ctx, outbox.AuditFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries.Entries) != 2 || entries.Entries[0].Action != "dlq.purge" || entries.Entries[1].Action != "endpoint.disable" ||
+			entries.Entries[1].Tenant != "acme" || entries.Entries[1].Actor != "operator" || entries.Entries[1].Addr == "" {
+			t.Fatalf("audit entries %+v", entries.Entries)
+		}
+		if body := s.get("audit"); !strings.Contains(body, "endpoint.disable") || !strings.Contains(body, "maintenance") {
+			t.Errorf("audit page:\n%s", body)
 		}
 	})
 }

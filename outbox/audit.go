@@ -2,10 +2,8 @@ package outbox
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -118,7 +116,7 @@ func (o *Outbox) auditLog(ctx context.Context, sf store.AuditFilter, f AuditFilt
 	if len(rows) > limit {
 		rows = rows[:limit]
 		last := rows[limit-1]
-		p.Next = base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(last.At.UnixMicro(), 10) + "." + strconv.FormatInt(last.ID, 10)))
+		p.Next = encodeDeliveryCursor(store.DeliveryCursor{CreatedAt: last.At, ID: last.ID}) // the same shape
 	}
 	p.Entries = make([]AuditEntry, len(rows))
 	for i, r := range rows {

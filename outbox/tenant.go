@@ -100,8 +100,12 @@ func (v *TenantView) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoi
 		return Endpoint{}, fmt.Errorf("%w: tenant differs from the view's", ErrInvalidEndpoint)
 	}
 	ne.Tenant = v.tenant
+	detail := map[string]any{"url": ne.URL}
+	if len(ne.EventTypes) > 0 {
+		detail["event_types"] = ne.EventTypes
+	}
 	return v.o.createEndpoint(ctx, ne, func(id string) store.AuditRow {
-		return v.audit(ctx, "endpoint.create", id, map[string]any{"url": ne.URL, "event_types": ne.EventTypes})
+		return v.audit(ctx, "endpoint.create", id, detail)
 	})
 }
 

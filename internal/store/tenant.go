@@ -18,18 +18,7 @@ var ErrActive = errors.New("delivery not finished")
 // TenantEndpoint returns the endpoint id if it belongs to tenant, else
 // ErrNotFound.
 func (s *Store) TenantEndpoint(ctx context.Context, q Querier, tenant, id string) (EndpointRow, error) {
-	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints WHERE id = ? AND tenant = ?`), id, tenant)
-	if err != nil {
-		return EndpointRow{}, err
-	}
-	es, err := scanEndpoints(rows)
-	if err != nil {
-		return EndpointRow{}, err
-	}
-	if len(es) == 0 {
-		return EndpointRow{}, ErrNotFound
-	}
-	return es[0], nil
+	return s.oneEndpoint(ctx, q, `id = ? AND tenant = ?`, id, tenant)
 }
 
 const tenantDeliveryColumns = `d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, d.created_at, d.updated_at`
@@ -37,20 +26,9 @@ const tenantDeliveryColumns = `d.id, d.event_id, d.endpoint_id, d.state, d.attem
 // TenantDelivery returns delivery id if its event belongs to tenant, else
 // ErrNotFound.
 func (s *Store) TenantDelivery(ctx context.Context, tenant string, id int64) (DeliveryRow, error) {
-	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT `+tenantDeliveryColumns+`
+	return s.oneDelivery(ctx, `SELECT `+tenantDeliveryColumns+`
 FROM txhook_deliveries d JOIN txhook_events e ON e.id = d.event_id
-WHERE d.id = ? AND e.tenant = ?`), id, tenant)
-	if err != nil {
-		return DeliveryRow{}, err
-	}
-	ds, err := scanDeliveries(rows)
-	if err != nil {
-		return DeliveryRow{}, err
-	}
-	if len(ds) == 0 {
-		return DeliveryRow{}, ErrNotFound
-	}
-	return ds[0], nil
+WHERE d.id = ? AND e.tenant = ?`, id, tenant)
 }
 
 // EventRow is a stored event.
@@ -248,15 +226,7 @@ VALUES (?, ?, ?, ?, `+s.notBefore("?", "?")+`, ?, ?) RETURNING id`), eventID, en
 				return err
 			}
 		}
-		if a != nil {
-			if err := s.InsertAudit(ctx, q, *a); err != nil {
-				return err
-			}
-		}
-		if s.Dialect == Postgres {
-			_, err = q.ExecContext(ctx, `SELECT pg_notify('`+WakeChannel+`', '')`)
-		}
-		return err
+		return s.auditAndWake(ctx, q, a)
 	})
 	return nid, err
 }
@@ -288,15 +258,22 @@ VALUES (?, ?, ?, ?, ?, ?, ?)`), ev.ID, ev.Tenant, ev.Type, ev.Payload, s.T(ev.Cr
 VALUES (?, ?, ?, ?, ?, ?) RETURNING id`), ev.ID, endpointID, state, s.T(ev.CreatedAt), s.T(ev.CreatedAt), s.T(ev.CreatedAt)).Scan(&nid); err != nil {
 			return err
 		}
-		if a != nil {
-			if err := s.InsertAudit(ctx, q, *a); err != nil {
-				return err
-			}
-		}
-		if s.Dialect == Postgres {
-			_, err = q.ExecContext(ctx, `SELECT pg_notify('`+WakeChannel+`', '')`)
-		}
-		return err
+		return s.auditAndWake(ctx, q, a)
 	})
 	return nid, err
+}
+
+// auditAndWake ends a transaction that queued a delivery: it writes the
+// audit row a (nil: none) and, on PostgreSQL, wakes the relays at commit.
+func (s *Store) auditAndWake(ctx context.Context, q Querier, a *AuditRow) error {
+	if a != nil {
+		if err := s.InsertAudit(ctx, q, *a); err != nil {
+			return err
+		}
+	}
+	if s.Dialect == Postgres {
+		_, err := q.ExecContext(ctx, `SELECT pg_notify('`+WakeChannel+`', '')`)
+		return err
+	}
+	return nil
 }
