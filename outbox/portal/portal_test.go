@@ -177,6 +177,15 @@ func TestCSRF(t *testing.T) {
 	if got, _ := e.ob.Endpoint(e.ctx, ep.ID); !got.Enabled {
 		t.Fatal("a refused POST disabled the endpoint")
 	}
+	// A token is for one tenant: a form of globex's, submitted after the
+	// same browser switched to acme's session, is refused.
+	both := e.login("globex")
+	globexForm := both.token()
+	link, _ := e.p.Link("acme", time.Minute)
+	both.do("GET", link, nil, nil)
+	if res, _ := both.do("POST", "/portal/endpoints/"+ep.ID+"/disable", url.Values{"csrf": {globexForm}}, nil); res.StatusCode != http.StatusForbidden {
+		t.Errorf("another tenant's form in the same browser: %d", res.StatusCode)
+	}
 	if res, _ := acme.do("POST", "/portal/endpoints/"+ep.ID+"/disable", url.Values{"csrf": {acmeTok}}, nil); res.StatusCode != http.StatusSeeOther {
 		t.Fatalf("POST with the token: %d", res.StatusCode)
 	}
