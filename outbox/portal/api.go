@@ -39,7 +39,7 @@ func (p *Portal) apiJSON(w http.ResponseWriter, status int, v any) {
 func (p *Portal) apiFail(w http.ResponseWriter, r *http.Request, err error) {
 	loc := state(r).loc
 	switch {
-	case errors.Is(err, outbox.ErrEndpointNotFound), errors.Is(err, outbox.ErrDeliveryNotFound), errors.Is(err, outbox.ErrEventNotFound):
+	case notFound(err):
 		p.apiError(w, http.StatusNotFound, "not_found", loc.T("err.notfound"))
 	case errors.Is(err, outbox.ErrDeliveryActive):
 		p.apiError(w, http.StatusConflict, "delivery_active", loc.T("err.active"))

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/txhook/txhook/internal/testbrowser"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/internal/testob"
 	"github.com/txhook/txhook/outbox"
@@ -25,89 +25,19 @@ import (
 	"github.com/txhook/txhook/verify"
 )
 
-// Environment of the browser test.
-const (
-	// envRequireBrowser, set to 1, makes a missing Chromium fail the
-	// browser test instead of skipping it (CI sets it).
-	envRequireBrowser = "TXHOOK_REQUIRE_BROWSER"
-	// envChromium overrides where Chromium is.
-	envChromium = "TXHOOK_CHROMIUM"
-	// envScreenshots, set to a directory (docs), makes the browser test
-	// save a screenshot of each page in English and Chinese there.
-	envScreenshots = "TXHOOK_PORTAL_SCREENSHOTS"
-)
-
-func chromiumPath() string {
-	if p := os.Getenv(envChromium); p != "" {
-		return p
-	}
-	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
-		return "/usr/bin/chromium"
-	}
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
-
-// browser starts headless Chromium; it is shut down when t ends.
-func browser(t *testing.T) context.Context {
-	t.Helper()
-	path := chromiumPath()
-	if path == "" {
-		if os.Getenv(envRequireBrowser) == "1" {
-			t.Fatalf("Chromium not found but %s=1: install Debian's chromium (.ci/install-browser.sh) or set %s", envRequireBrowser, envChromium)
-		}
-		t.Skipf("browser test skipped: Chromium not found at /usr/bin/chromium (install Debian's chromium, or set %s); %s=1 makes this a failure", envChromium, envRequireBrowser)
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("lang", "en-US"),
-		chromedp.WindowSize(1280, 900),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	bctx, cancelBrowser := chromedp.NewContext(actx)
-	t.Cleanup(cancelBrowser)
-	ctx, cancel := context.WithTimeout(bctx, 4*time.Minute)
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting Chromium (%s): %v", path, err)
-	}
-	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
-		t.Fatal(err)
-	}
-	return ctx
-}
+// envScreenshots, set to a directory (docs), makes the browser test save
+// a screenshot of each page in English and Chinese there.
+const envScreenshots = "TXHOOK_PORTAL_SCREENSHOTS"
 
 func language(t *testing.T, ctx context.Context, lang string) {
 	t.Helper()
-	if _, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{
-		Headers: network.Headers{"Accept-Language": lang},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	testbrowser.SetHeaders(t, ctx, map[string]string{"Accept-Language": lang})
 }
 
 // text reads the visible text of the first element matching a selector.
 func text(t *testing.T, ctx context.Context, css string) string {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(css)))
-	if err != nil {
-		t.Fatalf("reading %s: %v", css, err)
-	}
-	return s
+	return testbrowser.Text(t, ctx, css)
 }
 
 func do(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
@@ -172,7 +102,7 @@ func (v *verifying) wait(t *testing.T, what string) string {
 // IDs are refused. With TXHOOK_PORTAL_SCREENSHOTS=docs it saves each page
 // in English and Chinese.
 func TestBrowserMerchant(t *testing.T) {
-	ctx := browser(t)
+	ctx := testbrowser.Start(t, 1280, 900, 4*time.Minute, nil)
 	e := newEnv(t, testdb.SQLite(t), outbox.Config{}, portal.Config{DisableAfter: 5 * 24 * time.Hour})
 	r, err := e.ob.NewRelay(outbox.RelayConfig{Retry: retry.Intervals(200 * time.Millisecond), DisableAfter: 5 * 24 * time.Hour})
 	if err != nil {

@@ -231,27 +231,47 @@ func problemKey(err error) string {
 	return ""
 }
 
-func (p *Portal) create(w http.ResponseWriter, r *http.Request) {
+// saveForm reads the endpoint form and calls save with it. It answers
+// itself and returns false when the form or save fails: the form again
+// with the problem for what the merchant can fix, 404 for an endpoint not
+// the tenant's, 500 for the rest.
+func (p *Portal) saveForm(w http.ResponseWriter, r *http.Request, edit bool, save func(formData, outbox.Headers) error) bool {
 	st := state(r)
 	f, headers, problem := readForm(r)
-	f.Types = p.typeNames()
-	var ep outbox.Endpoint
+	f.Edit, f.Types = edit, p.typeNames()
+	title := "form.new"
+	if edit {
+		f.ID, title = r.PathValue("id"), "form.edit"
+	}
 	if problem == "" {
-		var err error
-		ep, err = st.view.CreateEndpoint(r.Context(), outbox.NewEndpoint{URL: f.URL, Description: f.Description, EventTypes: f.EventTypes, Headers: headers})
-		if err != nil {
+		err := save(f, headers)
+		switch {
+		case notFound(err):
+			p.notFound(w, r)
+			return false
+		case err != nil:
 			if problem = problemKey(err); problem == "" {
 				p.internal(w, r, err)
-				return
+				return false
 			}
 		}
 	}
 	if problem != "" {
 		f.Problem = st.loc.T(problem)
-		p.render(w, r, http.StatusBadRequest, "form", page{Title: st.loc.T("form.new"), Nav: "endpoints", Data: f})
-		return
+		p.render(w, r, http.StatusBadRequest, "form", page{Title: st.loc.T(title), Nav: "endpoints", Data: f})
+		return false
 	}
-	p.showSecret(w, r, ep, "secret.created")
+	return true
+}
+
+func (p *Portal) create(w http.ResponseWriter, r *http.Request) {
+	var ep outbox.Endpoint
+	if p.saveForm(w, r, false, func(f formData, h outbox.Headers) (err error) {
+		ep, err = state(r).view.CreateEndpoint(r.Context(), outbox.NewEndpoint{URL: f.URL, Description: f.Description, EventTypes: f.EventTypes, Headers: h})
+		return err
+	}) {
+		p.showSecret(w, r, ep, "secret.created")
+	}
 }
 
 // secretData is the one page that shows a secret in full: the answer to
@@ -275,45 +295,39 @@ func (p *Portal) showSecret(w http.ResponseWriter, r *http.Request, ep outbox.En
 }
 
 func (p *Portal) update(w http.ResponseWriter, r *http.Request) {
-	st := state(r)
-	f, headers, problem := readForm(r)
-	f.Edit, f.ID, f.Types = true, r.PathValue("id"), p.typeNames()
-	if problem == "" {
-		_, err := st.view.UpdateEndpoint(r.Context(), f.ID, outbox.EndpointUpdate{URL: &f.URL, Description: &f.Description, EventTypes: &f.EventTypes, Headers: &headers})
-		if errors.Is(err, outbox.ErrEndpointNotFound) {
-			p.notFound(w, r)
-			return
-		}
-		if err != nil {
-			if problem = problemKey(err); problem == "" {
-				p.internal(w, r, err)
-				return
-			}
-		}
+	if p.saveForm(w, r, true, func(f formData, h outbox.Headers) error {
+		_, err := state(r).view.UpdateEndpoint(r.Context(), f.ID, outbox.EndpointUpdate{URL: &f.URL, Description: &f.Description, EventTypes: &f.EventTypes, Headers: &h})
+		return err
+	}) {
+		p.redirect(w, r, "endpoints/"+url.PathEscape(r.PathValue("id")), "saved")
 	}
-	if problem != "" {
-		f.Problem = st.loc.T(problem)
-		p.render(w, r, http.StatusBadRequest, "form", page{Title: st.loc.T("form.edit"), Nav: "endpoints", Data: f})
-		return
-	}
-	p.redirect(w, r, "endpoints/"+url.PathEscape(f.ID), "saved")
 }
 
-// act runs a mutating action on the path's endpoint and redirects to its
-// page with done, or answers 404 / 400 / 500.
+// act runs a mutating action on the path's endpoint and answers it.
 func (p *Portal) act(w http.ResponseWriter, r *http.Request, done string, fn func(id string) error) {
 	id := r.PathValue("id")
-	err := fn(id)
+	p.finish(w, r, fn(id), http.StatusBadRequest, "endpoints/"+url.PathEscape(id), done)
+}
+
+// finish answers a POST: 404 for anything not found (another tenant's
+// alike), status with the message of an error the merchant can fix, 500
+// for the rest, else 303 to rel with the message done.
+func (p *Portal) finish(w http.ResponseWriter, r *http.Request, err error, status int, rel, done string) {
 	switch {
-	case errors.Is(err, outbox.ErrEndpointNotFound), errors.Is(err, outbox.ErrDeliveryNotFound), errors.Is(err, outbox.ErrEventNotFound):
+	case notFound(err):
 		p.notFound(w, r)
 	case err != nil && problemKey(err) != "":
-		p.fail(w, r, state(r).tenant, http.StatusBadRequest, problemKey(err))
+		p.fail(w, r, state(r).tenant, status, problemKey(err))
 	case err != nil:
 		p.internal(w, r, err)
 	default:
-		p.redirect(w, r, "endpoints/"+url.PathEscape(id), done)
+		p.redirect(w, r, rel, done)
 	}
+}
+
+// notFound reports whether err says the object is not the tenant's.
+func notFound(err error) bool {
+	return errors.Is(err, outbox.ErrEndpointNotFound) || errors.Is(err, outbox.ErrDeliveryNotFound) || errors.Is(err, outbox.ErrEventNotFound)
 }
 
 func (p *Portal) enable(w http.ResponseWriter, r *http.Request) {
@@ -334,16 +348,7 @@ func (p *Portal) delete(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, r, st.tenant, http.StatusBadRequest, "err.confirm")
 		return
 	}
-	err := st.view.DeleteEndpoint(r.Context(), r.PathValue("id"))
-	if errors.Is(err, outbox.ErrEndpointNotFound) {
-		p.notFound(w, r)
-		return
-	}
-	if err != nil {
-		p.internal(w, r, err)
-		return
-	}
-	p.redirect(w, r, "endpoints", "deleted")
+	p.finish(w, r, st.view.DeleteEndpoint(r.Context(), r.PathValue("id")), http.StatusBadRequest, "endpoints", "deleted")
 }
 
 // parseOverlap reads a rotation's overlap: default 24 h, at most 7 days.
@@ -411,16 +416,7 @@ func (p *Portal) recoverSince(w http.ResponseWriter, r *http.Request) {
 func (p *Portal) sendTest(w http.ResponseWriter, r *http.Request) {
 	st := state(r)
 	d, err := st.view.SendTest(r.Context(), r.PathValue("id"), r.PostForm.Get("type"))
-	switch {
-	case errors.Is(err, outbox.ErrEndpointNotFound):
-		p.notFound(w, r)
-	case err != nil && problemKey(err) != "":
-		p.fail(w, r, st.tenant, http.StatusBadRequest, problemKey(err))
-	case err != nil:
-		p.internal(w, r, err)
-	default:
-		p.redirect(w, r, "deliveries/"+strconv.FormatInt(d.ID, 10), "test_sent")
-	}
+	p.finish(w, r, err, http.StatusBadRequest, "deliveries/"+strconv.FormatInt(d.ID, 10), "test_sent")
 }
 
 // deliveriesData is the delivery log's data.
@@ -546,16 +542,7 @@ func (p *Portal) resend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := st.view.Resend(r.Context(), id)
-	switch {
-	case errors.Is(err, outbox.ErrDeliveryNotFound), errors.Is(err, outbox.ErrEndpointNotFound):
-		p.notFound(w, r)
-	case err != nil && problemKey(err) != "":
-		p.fail(w, r, st.tenant, http.StatusConflict, problemKey(err))
-	case err != nil:
-		p.internal(w, r, err)
-	default:
-		p.redirect(w, r, "deliveries/"+strconv.FormatInt(d.ID, 10), "resent")
-	}
+	p.finish(w, r, err, http.StatusConflict, "deliveries/"+strconv.FormatInt(d.ID, 10), "resent")
 }
 
 // eventData is an event with its deliveries to the tenant's endpoints.
