@@ -21,9 +21,9 @@ type HealthPoint struct {
 	Attempts  int // attempts started in the bucket
 	Succeeded int // of those, answered 2xx
 	// P50 and P99 are percentiles of the request duration of the bucket's
-	// attempts that made a request (interpolated as in Health), over at
-	// most HealthSeriesSample of them drawn evenly at random; zero when
-	// none did.
+	// attempts that made a request (interpolated as in Health), over a
+	// uniform random sample of them when there are many (see
+	// HealthSeriesSample); zero when none did.
 	P50, P99 time.Duration
 }
 
@@ -31,9 +31,11 @@ type HealthPoint struct {
 const (
 	// MaxHealthPoints is the most buckets HealthSeries returns.
 	MaxHealthPoints = 1000
-	// HealthSeriesSample is the most latencies a bucket keeps for its
-	// percentiles, so memory stays flat whatever the traffic.
-	HealthSeriesSample = 10000
+	// HealthSeriesSample is the most latencies HealthSeries keeps for its
+	// percentiles, shared among the buckets (at least 1,000 each), so
+	// memory stays flat whatever the traffic: 24 hourly buckets keep up to
+	// 8,333 each.
+	HealthSeriesSample = 200_000
 )
 
 // HealthSeries returns the health of one of the tenant's endpoints over the
@@ -66,9 +68,10 @@ func (v *TenantView) HealthSeries(ctx context.Context, endpointID string, window
 	start := end.Add(-time.Duration(n) * step)
 	points := make([]HealthPoint, n)
 	samples := make([]latencySample, n)
+	capacity := max(1000, HealthSeriesSample/n)
 	for i := range points {
 		points[i].Start = start.Add(time.Duration(i) * step)
-		samples[i].rng = uint64(i)*0x9E3779B97F4A7C15 + 1
+		samples[i].rng, samples[i].max = uint64(i)*0x9E3779B97F4A7C15+1, capacity
 	}
 	err = v.o.st.EachAttemptOf(ctx, row.ID, start, end, func(at time.Time, d time.Duration, status int) {
 		i := int(at.Sub(start) / step)
@@ -97,24 +100,25 @@ func (v *TenantView) HealthSeries(ctx context.Context, endpointID string, window
 	return points, nil
 }
 
-// latencySample keeps a uniform random sample of at most
-// HealthSeriesSample values (reservoir sampling, deterministic seed).
+// latencySample keeps a uniform random sample of at most max values
+// (reservoir sampling, deterministic seed).
 type latencySample struct {
 	kept []float64
 	seen uint64
 	rng  uint64
+	max  int
 }
 
 func (s *latencySample) add(x float64) {
 	s.seen++
-	if len(s.kept) < HealthSeriesSample {
+	if len(s.kept) < s.max {
 		s.kept = append(s.kept, x)
 		return
 	}
 	s.rng ^= s.rng << 13 // xorshift64
 	s.rng ^= s.rng >> 7
 	s.rng ^= s.rng << 17
-	if j := s.rng % s.seen; j < HealthSeriesSample {
+	if j := s.rng % s.seen; j < uint64(s.max) {
 		s.kept[j] = x
 	}
 }
