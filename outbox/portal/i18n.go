@@ -13,10 +13,6 @@ import (
 	"github.com/txhook/txhook/outbox"
 )
 
-// Languages are the languages the portal speaks: "en" and "zh"
-// (Simplified Chinese).
-var Languages = []string{"en", "zh"}
-
 // locale is one language's messages and formats.
 type locale struct {
 	Lang  string // "en", "zh"

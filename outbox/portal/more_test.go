@@ -163,3 +163,32 @@ func TestAPI(t *testing.T) {
 		t.Errorf("no header: %d", res.StatusCode)
 	}
 }
+
+// Custom header values can be credentials: the edit form shows their
+// names only, saving it without headers keeps them, and the box removes
+// them.
+func TestEditKeepsHeaderValuesHidden(t *testing.T) {
+	e := newEnv(t, testdb.SQLite(t), outbox.Config{}, portal.Config{})
+	ep, err := e.ob.CreateEndpoint(e.ctx, outbox.NewEndpoint{Tenant: "acme", URL: "http://127.0.0.1:1/hook", Headers: outbox.Headers{"Authorization": "Bearer s3cr3t-value"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := e.login("acme")
+	form := u.get("endpoints/" + ep.ID + "/edit")
+	if strings.Contains(form, "s3cr3t-value") || !strings.Contains(form, "Authorization") {
+		t.Fatalf("edit form shows the header value, or not its name:\n%s", form)
+	}
+	if res, _ := u.post("endpoints/"+ep.ID, url.Values{"url": {ep.URL}, "description": {"renamed"}}); res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("save: %d", res.StatusCode)
+	}
+	got, _ := e.ob.Endpoint(e.ctx, ep.ID)
+	if got.Description != "renamed" || got.Headers["Authorization"] != "Bearer s3cr3t-value" {
+		t.Fatalf("after saving without headers: %q %v", got.Description, got.Headers)
+	}
+	if res, _ := u.post("endpoints/"+ep.ID, url.Values{"url": {ep.URL}, "clear_headers": {"yes"}}); res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("clear: %d", res.StatusCode)
+	}
+	if got, _ := e.ob.Endpoint(e.ctx, ep.ID); len(got.Headers) != 0 {
+		t.Fatalf("headers after clearing: %v", got.Headers)
+	}
+}

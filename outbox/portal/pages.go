@@ -135,7 +135,8 @@ type formData struct {
 	URL         string
 	Description string
 	EventTypes  []string
-	Headers     string // one "Name: value" per line
+	Headers     string   // one "Name: value" per line, as typed; never read back
+	HeaderNames []string // the endpoint's current custom headers, on edit
 	Types       []string
 	Problem     string
 }
@@ -167,14 +168,12 @@ func (p *Portal) editForm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := formData{Edit: true, ID: ep.ID, URL: ep.URL, Description: ep.Description, EventTypes: ep.EventTypes, Types: p.typeNames()}
-	names := make([]string, 0, len(ep.Headers))
+	// Header values can be credentials: like the secret, they are not
+	// shown again, only their names.
 	for k := range ep.Headers {
-		names = append(names, k)
+		f.HeaderNames = append(f.HeaderNames, k)
 	}
-	sort.Strings(names)
-	for _, k := range names {
-		f.Headers += k + ": " + ep.Headers[k] + "\n"
-	}
+	sort.Strings(f.HeaderNames)
 	p.render(w, r, http.StatusOK, "form", page{Title: state(r).loc.T("form.edit"), Nav: "endpoints", Data: f})
 }
 
@@ -296,7 +295,13 @@ func (p *Portal) showSecret(w http.ResponseWriter, r *http.Request, ep outbox.En
 
 func (p *Portal) update(w http.ResponseWriter, r *http.Request) {
 	if p.saveForm(w, r, true, func(f formData, h outbox.Headers) error {
-		_, err := state(r).view.UpdateEndpoint(r.Context(), f.ID, outbox.EndpointUpdate{URL: &f.URL, Description: &f.Description, EventTypes: &f.EventTypes, Headers: &h})
+		up := outbox.EndpointUpdate{URL: &f.URL, Description: &f.Description, EventTypes: &f.EventTypes}
+		// Empty keeps the current headers (their values are not in the
+		// form); "clear_headers" removes them.
+		if len(h) > 0 || r.PostForm.Get("clear_headers") == "yes" {
+			up.Headers = &h
+		}
+		_, err := state(r).view.UpdateEndpoint(r.Context(), f.ID, up)
 		return err
 	}) {
 		p.redirect(w, r, "endpoints/"+url.PathEscape(r.PathValue("id")), "saved")
