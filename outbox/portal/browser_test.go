@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/testbrowser"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/internal/testob"
@@ -132,9 +133,18 @@ func TestBrowserMerchant(t *testing.T) {
 	if s := text(t, ctx, "main"); !strings.Contains(s, "invalid or has expired") || strings.Contains(s, "acme") {
 		t.Fatalf("altered link page: %q", s)
 	}
-	expired := strings.TrimPrefix(mustLink(t, e.p, "acme", time.Second), "")
-	time.Sleep(1100 * time.Millisecond) // links carry whole seconds
+	// An expired link: signed with the same key by a portal whose clock is
+	// an hour behind, so it expired 59 minutes ago, without waiting.
+	past, _ := testob.NewOutboxWith(t, e.db, outbox.Config{Clock: clock.NewFake(time.Now().Add(-time.Hour))})
+	pastPortal, err := portal.New(past, portal.Config{Prefix: "/portal/", LinkKeys: [][]byte{linkKey}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := mustLink(t, pastPortal, "acme", time.Minute)
 	do(t, ctx, "opening an expired link", chromedp.Navigate(e.srv.URL+expired), chromedp.WaitVisible(chromedp.CSS("p.flash-error")))
+	if s := text(t, ctx, "main"); !strings.Contains(s, "invalid or has expired") {
+		t.Fatalf("expired link page: %q", s)
+	}
 
 	// The link opens a session and lands on a URL without the token.
 	do(t, ctx, "opening the link", chromedp.Navigate(e.srv.URL+link), chromedp.WaitVisible(chromedp.CSS("a.button")))
