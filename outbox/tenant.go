@@ -157,10 +157,7 @@ func (v *TenantView) DeleteEndpoint(ctx context.Context, id string) error {
 	if _, err := v.endpointRow(ctx, id); err != nil {
 		return err
 	}
-	if err := v.o.DeleteEndpoint(ctx, id); err != nil {
-		return err
-	}
-	return v.record(ctx, "endpoint.delete", id, nil)
+	return v.inTx(ctx, "endpoint.delete", id, nil, func(ctx context.Context) error { return v.o.DeleteEndpoint(ctx, id) })
 }
 
 // EnableEndpoint enables one of the tenant's endpoints, as
@@ -169,10 +166,7 @@ func (v *TenantView) EnableEndpoint(ctx context.Context, id string) error {
 	if _, err := v.endpointRow(ctx, id); err != nil {
 		return err
 	}
-	if err := v.o.EnableEndpoint(ctx, id); err != nil {
-		return err
-	}
-	return v.record(ctx, "endpoint.enable", id, nil)
+	return v.inTx(ctx, "endpoint.enable", id, nil, func(ctx context.Context) error { return v.o.EnableEndpoint(ctx, id) })
 }
 
 // DisableEndpoint disables one of the tenant's endpoints, as
@@ -181,10 +175,8 @@ func (v *TenantView) DisableEndpoint(ctx context.Context, id, reason string) err
 	if _, err := v.endpointRow(ctx, id); err != nil {
 		return err
 	}
-	if err := v.o.DisableEndpoint(ctx, id, reason); err != nil {
-		return err
-	}
-	return v.record(ctx, "endpoint.disable", id, map[string]any{"reason": truncateUTF8(reason, 1024)})
+	return v.inTx(ctx, "endpoint.disable", id, map[string]any{"reason": truncateUTF8(reason, 1024)},
+		func(ctx context.Context) error { return v.o.DisableEndpoint(ctx, id, reason) })
 }
 
 // RotateSecret rotates the signing secret of one of the tenant's
@@ -194,15 +186,31 @@ func (v *TenantView) RotateSecret(ctx context.Context, id string, r Rotation) (E
 	if _, err := v.endpointRow(ctx, id); err != nil {
 		return Endpoint{}, err
 	}
-	e, err := v.o.RotateSecret(ctx, id, r)
-	if err != nil {
-		return Endpoint{}, err
-	}
 	overlap := r.Overlap
 	if overlap == 0 {
 		overlap = DefaultRotationOverlap
 	}
-	return e, v.record(ctx, "endpoint.rotate_secret", id, map[string]any{"overlap": max(overlap, 0).String(), "supplied": r.Secret != ""})
+	var e Endpoint
+	err := v.inTx(ctx, "endpoint.rotate_secret", id, map[string]any{"overlap": max(overlap, 0).String(), "supplied": r.Secret != ""},
+		func(ctx context.Context) (err error) {
+			e, err = v.o.RotateSecret(ctx, id, r)
+			return err
+		})
+	return e, err
+}
+
+// inTx runs the change fn with ctx carrying its audit row, which the
+// change's transaction writes; a change made of no single transaction has
+// it written right after.
+func (v *TenantView) inTx(ctx context.Context, action, target string, detail map[string]any, fn func(ctx context.Context) error) error {
+	actx, written := store.WithAudit(ctx, v.audit(ctx, action, target, detail))
+	if err := fn(actx); err != nil {
+		return err
+	}
+	if !written() {
+		return v.record(ctx, action, target, detail)
+	}
+	return nil
 }
 
 // Health returns the health of one of the tenant's endpoints, as

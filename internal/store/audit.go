@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -91,4 +92,35 @@ func (s *Store) PruneAudit(ctx context.Context, before time.Time, limit int) (in
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
+}
+
+// pendingAudit is an audit row waiting for the transaction of its change.
+type pendingAudit struct {
+	row     AuditRow
+	written atomic.Bool
+}
+
+type auditKey struct{}
+
+// WithAudit returns ctx carrying a: the first transaction run by Tx in
+// that ctx writes a before it commits, so the change and its audit row
+// commit together. written reports whether that happened (false when no
+// transaction committed in ctx: the caller then writes a itself).
+func WithAudit(ctx context.Context, a AuditRow) (_ context.Context, written func() bool) {
+	p := &pendingAudit{row: a}
+	return context.WithValue(ctx, auditKey{}, p), p.written.Load
+}
+
+// auditInTx writes ctx's pending audit row with q unless an earlier
+// transaction did; committed marks it written once the transaction
+// committed.
+func (s *Store) auditInTx(ctx context.Context, q Querier) (committed func(), err error) {
+	p, _ := ctx.Value(auditKey{}).(*pendingAudit)
+	if p == nil || p.written.Load() {
+		return func() {}, nil
+	}
+	if err := s.InsertAudit(ctx, q, p.row); err != nil {
+		return nil, err
+	}
+	return func() { p.written.Store(true) }, nil
 }
