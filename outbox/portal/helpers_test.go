@@ -2,7 +2,6 @@ package portal_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -243,8 +242,6 @@ func (e *env) deliveries(tenant string, n int) []outbox.Delivery {
 	})
 	return ds
 }
-
-var _ = sql.ErrNoRows
 
 // tlog writes log lines to the test's log.
 type tlog struct{ t *testing.T }
