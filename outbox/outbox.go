@@ -150,6 +150,17 @@ type Config struct {
 	// others look for work once, and find none.
 	Schema string
 
+	// TransactionPooling says that the database is reached through a
+	// connection pooler in transaction mode, such as PgBouncer with
+	// pool_mode = transaction, which hands each transaction (and each
+	// statement outside one) to any of its server connections. txhook then
+	// prepares no statements, as prepared statements live on one server
+	// connection (PgBouncer 1.21 and later can track them instead, with
+	// max_prepared_statements). The driver must be set up for the pooler
+	// too, and LISTEN needs a direct connection: see PgBouncer in the
+	// README. Unused on SQLite.
+	TransactionPooling bool
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -212,6 +223,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 		cfg.NotifyInterval = DefaultNotifyInterval
 	}
 	st := store.New(db, d)
+	st.NoPrepare = cfg.TransactionPooling
 	if cfg.Schema != "" {
 		if err := st.SetSchema(cfg.Schema); err != nil {
 			return nil, err

@@ -35,8 +35,11 @@ const EnvRequire = "TXHOOK_REQUIRE_POSTGRES"
 
 // Backend is one database a test runs against.
 type Backend struct {
-	Name   string // "sqlite", "sqlite-modernc", "postgres-libpq", "postgres-pgx"
+	Name   string // "sqlite", "sqlite-modernc", "postgres-libpq", "postgres-pgx", "pgbouncer-libpq", "pgbouncer-pgx"
 	Driver string // database/sql driver name
+	// Bouncer: PostgreSQL through PgBouncer in transaction mode (see
+	// PgBouncer).
+	Bouncer bool
 }
 
 // The backends.
@@ -71,8 +74,16 @@ func (b Backend) Postgres() bool { return b.Driver == LibPQ.Driver || b.Driver =
 type DB struct {
 	*sql.DB
 	Backend Backend
-	// DSN opens another pool on the same database (and schema).
+	// DSN opens another pool on the same database (and schema, unless
+	// Schema is set).
 	DSN string
+	// Schema, when set, is the schema of the test that DSN does not select
+	// (through PgBouncer, which does not keep a search_path): give it to
+	// outbox.Config.Schema.
+	Schema string
+	// DirectDSN reaches the same database and schema without a pooler in
+	// between, for LISTEN; DSN itself when there is no pooler.
+	DirectDSN string
 }
 
 // Open returns a fresh database for b, closed and removed when t ends.
@@ -80,6 +91,9 @@ func Open(t testing.TB, b Backend) *DB {
 	t.Helper()
 	if !b.Postgres() {
 		return SQLiteWith(t, b)
+	}
+	if b.Bouncer {
+		return PgBouncer(t, b.Driver)
 	}
 	return Postgres(t, b.Driver)
 }
@@ -159,7 +173,7 @@ func Postgres(t testing.TB, driver string) *DB {
 	if driver == PGX.Driver {
 		b = PGX
 	}
-	return &DB{DB: db, Backend: b, DSN: dsn}
+	return &DB{DB: db, Backend: b, DSN: dsn, DirectDSN: dsn}
 }
 
 // NewSchema creates a fresh schema in the PostgreSQL database of base and
@@ -167,9 +181,23 @@ func Postgres(t testing.TB, driver string) *DB {
 // it. Tests use Postgres; this is for Example functions, which have no
 // testing.TB.
 func NewSchema(base string) (dsn string, drop func(), err error) {
+	schema, drop, err := createSchema(base)
+	if err != nil {
+		return "", nil, err
+	}
+	if dsn, err = withSearchPath(base, schema); err != nil {
+		drop()
+		return "", nil, err
+	}
+	return dsn, drop, nil
+}
+
+// createSchema creates a fresh schema in the PostgreSQL database of base
+// and returns its name and a function that drops it.
+func createSchema(base string) (schema string, drop func(), err error) {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
-	schema := "txhook_test_" + hex.EncodeToString(rnd[:])
+	schema = "txhook_test_" + hex.EncodeToString(rnd[:])
 	admin, err := sql.Open("postgres", base)
 	if err != nil {
 		return "", nil, err
@@ -186,27 +214,17 @@ func NewSchema(base string) (dsn string, drop func(), err error) {
 		defer admin.Close()
 		_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
 	}
-	if dsn, err = withSearchPath(base, schema); err != nil {
-		drop()
-		return "", nil, err
-	}
-	return dsn, drop, nil
+	return schema, drop, nil
 }
 
 // withSearchPath adds search_path to a URL or key=value DSN; both lib/pq
 // and pgx pass it to the server as a run-time parameter.
 func withSearchPath(dsn, schema string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("testdb: bad DSN: %w", err)
-		}
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String(), nil
+	out, err := WithParams(dsn, url.Values{"search_path": {schema}})
+	if err != nil {
+		return "", fmt.Errorf("testdb: bad DSN: %w", err)
 	}
-	return dsn + " search_path=" + schema, nil
+	return out, nil
 }
 
 // Reopen returns a second pool on the same database, closed when t ends.
