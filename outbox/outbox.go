@@ -157,8 +157,10 @@ type Config struct {
 	// prepares no statements, as prepared statements live on one server
 	// connection (PgBouncer 1.21 and later can track them instead, with
 	// max_prepared_statements). The driver must be set up for the pooler
-	// too, and LISTEN needs a direct connection: see PgBouncer in the
-	// README. Unused on SQLite.
+	// too (New checks lib/pq's and pgx's, and fails with ErrPoolerUnsafe
+	// when they would let the pooler split a statement across server
+	// connections), and LISTEN needs a direct connection: see PgBouncer in
+	// the README. Unused on SQLite.
 	TransactionPooling bool
 
 	// Clock is the time source; nil means the wall clock.
@@ -226,6 +228,11 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	st.NoPrepare = cfg.TransactionPooling
 	if cfg.Schema != "" {
 		if err := st.SetSchema(cfg.Schema); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TransactionPooling {
+		if err := st.CheckPooler(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -351,6 +358,11 @@ var (
 	// ErrInvalidSchema: Config.Schema is not a name txhook accepts, or is
 	// set on SQLite.
 	ErrInvalidSchema = store.ErrInvalidSchema
+	// ErrPoolerUnsafe: Config.TransactionPooling is set and the driver's
+	// settings would let the pooler run parts of one statement on two
+	// server connections (lib/pq without binary_parameters=yes, pgx in its
+	// default cache_statement mode); the message names the setting.
+	ErrPoolerUnsafe = store.ErrPoolerUnsafe
 )
 
 func init() {

@@ -1,6 +1,9 @@
 package outbox_test
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"sync"
@@ -144,5 +147,42 @@ func enqueueInBusinessTransactions(t *testing.T, db *testdb.DB) {
 	}
 	if l.total != len(committed) {
 		t.Fatalf("receiver got %d requests for %d events", l.total, len(committed))
+	}
+}
+
+// TestTransactionPoolingRefusesUnsafeDriverSettings: with
+// TransactionPooling, New refuses lib/pq without binary_parameters and pgx
+// in its default exec mode, which through PgBouncer made relays send an
+// event twice and out of order (lib/pq) or fail (pgx), and accepts both
+// with the README's settings.
+func TestTransactionPoolingRefusesUnsafeDriverSettings(t *testing.T) {
+	for _, be := range testdb.PostgresBackends {
+		t.Run(be.Name, func(t *testing.T) {
+			db := testdb.Open(t, be)
+			ctx := context.Background()
+			cfg := outbox.Config{TransactionPooling: true, Logger: quietLogger()}
+			_, err := outbox.New(ctx, db.DB, cfg)
+			if !errors.Is(err, outbox.ErrPoolerUnsafe) {
+				t.Fatalf("New with the driver's default settings: %v, want ErrPoolerUnsafe", err)
+			}
+			t.Log(err)
+			dsn, err := testdb.WithParams(db.DSN, testdb.PoolerParams(be.Driver))
+			if err != nil {
+				t.Fatal(err)
+			}
+			safe, err := sql.Open(be.Driver, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer safe.Close()
+			if _, err := outbox.New(ctx, safe, cfg); err != nil {
+				t.Fatalf("New with %v: %v", testdb.PoolerParams(be.Driver), err)
+			}
+			// Without TransactionPooling nothing is checked.
+			cfg.TransactionPooling = false
+			if _, err := outbox.New(ctx, db.DB, cfg); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -99,7 +99,9 @@ func (r pgxRows) Close() error {
 
 // New returns an Outbox on pool, for Enqueue and for relays (which run on
 // a database/sql handle on the pool, stdlib.OpenDBFromPool). Its Listener
-// is Listener() unless cfg sets one. Close the Outbox's DB() once its
+// is Listener() unless cfg sets one or sets TransactionPooling: LISTEN
+// through a pooler in transaction mode hears nothing, so give such an
+// Outbox DirectListener (or let its relays poll). Close the Outbox's DB() once its
 // relays have stopped: that returns its connections to the pool and leaves
 // the pool open.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg outbox.Config) (*outbox.Outbox, error) {
@@ -109,7 +111,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg outbox.Config) (*outbox.Ou
 	if cfg.Dialect == "" {
 		cfg.Dialect = "postgres"
 	}
-	if cfg.Listener == nil {
+	if cfg.Listener == nil && !cfg.TransactionPooling {
 		cfg.Listener = Listener()
 	}
 	db := stdlib.OpenDBFromPool(pool)
