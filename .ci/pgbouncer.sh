@@ -33,18 +33,8 @@ if ! command -v pgbouncer >/dev/null; then
 		log "pgbouncer is not installed, and installing it needs root"
 		exit 1
 	fi
-	export DEBIAN_FRONTEND=noninteractive
-	has_candidate() {
-		local policy
-		policy=$(apt-cache policy "$1" 2>/dev/null) || return 1
-		[[ $policy =~ Candidate:\ [^\ \(] ]]
-	}
-	install() { apt-get install -y --no-install-recommends pgbouncer >&2; }
-	if ! { has_candidate pgbouncer && install; }; then
-		log "updating the package lists"
-		apt-get update >&2
-		install
-	fi
+	source "$(dirname "$0")/apt.sh"
+	apt_install pgbouncer
 fi
 log "$(pgbouncer --version | head -n 1)"
 

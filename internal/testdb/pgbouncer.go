@@ -3,7 +3,6 @@ package testdb
 import (
 	"database/sql"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 )
@@ -48,14 +47,8 @@ func PoolerParams(driver string) url.Values {
 // in CI) the test when there is none.
 func PgBouncerDSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv(EnvPgBouncerDSN)
-	if dsn == "" {
-		if os.Getenv(EnvRequirePgBouncer) == "1" {
-			t.Fatalf("%s is not set but %s=1: PgBouncer tests are mandatory here", EnvPgBouncerDSN, EnvRequirePgBouncer)
-		}
-		t.Skipf("PgBouncer test skipped: run `export %s=$(bash .ci/pgbouncer.sh)` to run it", EnvPgBouncerDSN)
-	}
-	return dsn
+	return envOrSkip(t, EnvPgBouncerDSN, EnvRequirePgBouncer, "PgBouncer",
+		"run `export "+EnvPgBouncerDSN+"=$(bash .ci/pgbouncer.sh)` to run it")
 }
 
 // PgBouncer returns a pool through PgBouncer, with driver and the

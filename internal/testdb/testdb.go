@@ -141,14 +141,23 @@ func SQLiteWith(t testing.TB, b Backend) *DB {
 // test when there is none.
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv(EnvDSN)
-	if dsn == "" {
-		if os.Getenv(EnvRequire) == "1" {
-			t.Fatalf("%s is not set but %s=1: PostgreSQL tests are mandatory here", EnvDSN, EnvRequire)
+	return envOrSkip(t, EnvDSN, EnvRequire, "PostgreSQL",
+		"set "+EnvDSN+" (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run it")
+}
+
+// envOrSkip returns the value of the environment variable name, and
+// skips the test (saying how to run it) when it is empty, or fails it when
+// require is set to 1.
+func envOrSkip(t testing.TB, name, require, what, how string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		if os.Getenv(require) == "1" {
+			t.Fatalf("%s is not set but %s=1: %s tests are mandatory here", name, require, what)
 		}
-		t.Skipf("PostgreSQL test skipped: set %s (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run it", EnvDSN)
+		t.Skipf("%s test skipped: %s", what, how)
 	}
-	return dsn
+	return v
 }
 
 // Postgres returns a pool on a fresh schema of the configured PostgreSQL

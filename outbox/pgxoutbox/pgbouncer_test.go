@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -45,24 +44,8 @@ func bouncerSetup(t *testing.T, lis outbox.Listener) *bouncerEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	ob, err := pgxoutbox.New(ctx, pool, outbox.Config{
-		Schema: db.Schema, TransactionPooling: true, Listener: lis,
-		AllowHTTP: true, AllowPrivateTargets: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ob.Close()
-		ob.DB().Close()
-	})
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e := &bouncerEnv{ctx: ctx, db: db, pool: pool, ob: ob, payments: `"` + db.Schema + `".payments`}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+e.payments+` (id text PRIMARY KEY, amount int NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	e := &bouncerEnv{ctx: ctx, db: db, pool: pool, payments: `"` + db.Schema + `".payments`}
+	e.ob = newOutbox(t, ctx, pool, outbox.Config{Schema: db.Schema, TransactionPooling: true, Listener: lis}, e.payments)
 	return e
 }
 
