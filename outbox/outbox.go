@@ -225,7 +225,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 		cfg.NotifyInterval = DefaultNotifyInterval
 	}
 	st := store.New(db, d)
-	st.NoPrepare = cfg.TransactionPooling
+	st.NoPrepare = cfg.TransactionPooling && d == store.Postgres
 	if cfg.Schema != "" {
 		if err := st.SetSchema(cfg.Schema); err != nil {
 			return nil, err

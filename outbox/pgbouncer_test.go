@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -184,5 +185,25 @@ func TestTransactionPoolingRefusesUnsafeDriverSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestTransactionPoolingWithoutListenerWarns: a relay of an Outbox behind
+// a pooler, without a Listener, polls and says which Listener to set: one
+// on a direct connection.
+func TestTransactionPoolingWithoutListenerWarns(t *testing.T) {
+	db := testdb.PgBouncer(t, testdb.PGX.Driver)
+	var logs logBuffer
+	ob, err := outbox.New(context.Background(), db.DB, outbox.Config{TransactionPooling: true, Schema: db.Schema, Logger: logs.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{t: t, db: db, ob: ob, ctx: context.Background()}
+	if err := ob.Migrate(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.relay(outbox.RelayConfig{})
+	if s := logs.String(); !strings.Contains(s, "no Config.Listener") || !strings.Contains(s, "pgxoutbox.DirectListener") {
+		t.Fatalf("logs: %s", s)
 	}
 }
