@@ -1,7 +1,6 @@
 package testdb
 
 import (
-	"database/sql"
 	"net/url"
 	"strings"
 	"testing"
@@ -73,20 +72,11 @@ func PgBouncer(t testing.TB, driver string) *DB {
 		drop()
 		t.Fatal(err)
 	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		drop()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		db.Close()
-		drop()
-	})
 	b := LibPQBouncer
 	if driver == PGX.Driver {
 		b = PGXBouncer
 	}
-	return &DB{DB: db, Backend: b, DSN: dsn, Schema: schema, DirectDSN: direct}
+	return &DB{DB: openOrDrop(t, driver, dsn, drop), Backend: b, DSN: dsn, Schema: schema, DirectDSN: direct}
 }
 
 // WithParams adds params to a URL or key=value DSN.

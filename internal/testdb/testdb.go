@@ -169,6 +169,17 @@ func Postgres(t testing.TB, driver string) *DB {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := LibPQ
+	if driver == PGX.Driver {
+		b = PGX
+	}
+	return &DB{DB: openOrDrop(t, driver, dsn, drop), Backend: b, DSN: dsn, DirectDSN: dsn}
+}
+
+// openOrDrop opens a pool on dsn, closed and then drop called when t
+// ends; on failure it calls drop and fails t.
+func openOrDrop(t testing.TB, driver, dsn string, drop func()) *sql.DB {
+	t.Helper()
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		drop()
@@ -178,11 +189,7 @@ func Postgres(t testing.TB, driver string) *DB {
 		db.Close()
 		drop()
 	})
-	b := LibPQ
-	if driver == PGX.Driver {
-		b = PGX
-	}
-	return &DB{DB: db, Backend: b, DSN: dsn, DirectDSN: dsn}
+	return db
 }
 
 // NewSchema creates a fresh schema in the PostgreSQL database of base and

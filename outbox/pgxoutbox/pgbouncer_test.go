@@ -49,19 +49,20 @@ func bouncerSetup(t *testing.T, lis outbox.Listener) *bouncerEnv {
 	return e
 }
 
-func (e *bouncerEnv) relay(t *testing.T, cfg outbox.RelayConfig) {
+// startRelay starts a relay of ob and stops it when the test ends.
+func startRelay(t *testing.T, ctx context.Context, ob *outbox.Outbox, cfg outbox.RelayConfig) {
 	t.Helper()
-	r, err := e.ob.NewRelay(cfg)
+	r, err := ob.NewRelay(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(e.ctx); err != nil {
+	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		stop, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := r.Stop(ctx); err != nil {
+		if err := r.Stop(stop); err != nil {
 			t.Errorf("relay stop: %v", err)
 		}
 	})
@@ -147,7 +148,7 @@ func TestPgBouncerPoolDeliversInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		e.relay(t, outbox.RelayConfig{Concurrency: 16})
+		startRelay(t, e.ctx, e.ob, outbox.RelayConfig{Concurrency: 16})
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)

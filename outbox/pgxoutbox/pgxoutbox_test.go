@@ -201,18 +201,7 @@ func TestEnqueueTxCommitWakesRelayOnPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An hour between polls: a delivery comes from a wake-up.
-	r, err := e.ob.NewRelay(outbox.RelayConfig{PollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.Stop(ctx)
-	})
+	startRelay(t, e.ctx, e.ob, outbox.RelayConfig{PollInterval: time.Hour})
 	// The relay's listener wakes it once it listens; from then on every
 	// commit's NOTIFY wakes it too.
 	select {
