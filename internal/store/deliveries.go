@@ -21,7 +21,7 @@ type AttemptRow struct {
 // Attempts returns a delivery's attempt log in order.
 func (s *Store) Attempts(ctx context.Context, deliveryID int64) ([]AttemptRow, error) {
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error
-FROM txhook_attempts WHERE delivery_id = ? ORDER BY attempt, id`), deliveryID)
+FROM txhook_attempt_log WHERE delivery_id = ? ORDER BY attempt, id`), deliveryID)
 	if err != nil {
 		return nil, err
 	}
