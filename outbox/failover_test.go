@@ -43,13 +43,32 @@ func TestFailoverToSynchronousReplica(t *testing.T) {
 		{testdb.PGX, pgcluster.MultiHostDSN},
 		{testdb.LibPQ, pgcluster.MultiHostKeywordDSN},
 	} {
-		t.Run(tc.backend.Name, func(t *testing.T) {
-			testFailover(t, tc.backend, tc.dsn)
+		t.Run(tc.backend.Name+"/kill", func(t *testing.T) {
+			testFailover(t, tc.backend, tc.dsn, (*pgcluster.Cluster).Kill)
 		})
 	}
 }
 
-func testFailover(t *testing.T, backend testdb.Backend, dsnOf func(string, ...*pgcluster.Cluster) string) {
+// TestFailoverFromHungPrimary is TestFailoverToSynchronousReplica with a
+// primary that hangs instead of dying (SIGSTOP: a paused VM, a stalled
+// disk): its connections stay open and nothing answers on them, so only
+// the clients' own timeouts get them off it: the relay bounds each round of
+// statements by a lease, pgxoutbox's listener pings a quiet connection, and
+// the DSN carries connect_timeout, as docs/SCALING.md tells hosts to set.
+//
+// pgx only: lib/pq's context cancellation sends a cancel request and keeps
+// waiting for the server's answer, so nothing gets a lib/pq connection off
+// a server that hangs; docs/SCALING.md says what lib/pq users must do
+// (fence the old primary, which closes its connections).
+func TestFailoverFromHungPrimary(t *testing.T) {
+	dsn := func(db string, cs ...*pgcluster.Cluster) string {
+		return pgcluster.MultiHostDSN(db, cs...) + "&connect_timeout=5"
+	}
+	testFailover(t, testdb.PGX, dsn, (*pgcluster.Cluster).Freeze)
+}
+
+func testFailover(t *testing.T, backend testdb.Backend, dsnOf func(string, ...*pgcluster.Cluster) string,
+	crash func(*pgcluster.Cluster) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	primary := pgcluster.ForTest(t, pgcluster.Options{Settings: pgcluster.Production()})
@@ -181,7 +200,7 @@ func testFailover(t *testing.T, backend testdb.Backend, dsnOf func(string, ...*p
 	wait("events committed before the kill", before)
 	wait("requests held open at the receiver", heldReady)
 
-	if err := primary.Kill(); err != nil {
+	if err := crash(primary); err != nil {
 		t.Fatal(err)
 	}
 	cmu.Lock()

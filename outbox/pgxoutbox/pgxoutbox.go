@@ -148,15 +148,42 @@ func (listener) Listen(ctx context.Context, db *sql.DB, channel string, wake fun
 			defer cancel()
 			pc.Close(closeCtx)
 		}()
-		if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		lctx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+		_, err := pc.Exec(lctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+		cancel()
+		if err != nil {
 			return errors.Join(err, driver.ErrBadConn)
 		}
 		wake()
 		for {
-			if _, err := pc.WaitForNotification(ctx); err != nil {
+			wctx, cancel := context.WithTimeout(ctx, listenIdle)
+			_, err := pc.WaitForNotification(wctx)
+			cancel()
+			if err == nil {
+				wake()
+				continue
+			}
+			if ctx.Err() != nil || !pgconn.Timeout(err) {
 				return errors.Join(err, driver.ErrBadConn)
 			}
-			wake()
+			// Quiet for listenIdle: make sure the server still answers. A
+			// primary that hangs without closing the connection (a paused
+			// VM, a failover that left it running) would otherwise keep
+			// this relay listening to nothing, woken only by its polls.
+			pctx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+			err = pc.Ping(pctx)
+			cancel()
+			if err != nil {
+				return errors.Join(fmt.Errorf("pgxoutbox: the listening connection stopped answering: %w", err), driver.ErrBadConn)
+			}
 		}
 	})
 }
+
+// A listening connection that received nothing for listenIdle is pinged,
+// and given up (the relay listens again on a new connection) when the ping,
+// or the LISTEN itself, takes longer than listenCheckTimeout.
+const (
+	listenIdle         = 15 * time.Second
+	listenCheckTimeout = 10 * time.Second
+)
