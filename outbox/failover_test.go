@@ -220,7 +220,7 @@ func testFailover(t *testing.T, backend testdb.Backend, dsnOf func(string, ...*p
 		want[k] = v
 	}
 	cmu.Unlock()
-	t.Logf("committed %d events (%d before the kill, %d after the promotion), %d transactions failed",
+	t.Logf("committed %d events (%d before the primary failed, %d after the promotion), %d transactions failed",
 		len(want), atKill, afterPromotion.Load(), failedTx.Load())
 
 	// Every committed event is delivered, with no restart of anything.
@@ -251,11 +251,13 @@ func testFailover(t *testing.T, backend testdb.Backend, dsnOf func(string, ...*p
 	})
 	// Each relay listens again, on the new primary (pqlisten's reconnection
 	// or the relay's retry of pgxoutbox's listener): later events wake it
-	// at commit instead of at its next poll. (lib/pq's keep-alive ping
-	// shows as an empty query.)
+	// at commit instead of at its next poll. (A listening connection that
+	// was quiet shows its keep-alive ping: lib/pq's is an empty query,
+	// pgx's "-- ping".)
 	b.eventually("both relays LISTENing on the new primary", func() bool {
 		return b.count(`SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid() AND (query LIKE 'LISTEN%' OR query = '')`) >= len(relays)
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			AND (query LIKE 'LISTEN%' OR query IN ('', '-- ping'))`) >= len(relays)
 	})
 	// The business row and the event committed in one transaction: after
 	// the failover each has the other (transactions whose COMMIT failed
