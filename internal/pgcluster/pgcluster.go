@@ -29,8 +29,10 @@
 // (os.TempDir()/pgcluster-*) also holds owner.pid, the starting process's
 // id: each [Start] removes the directories whose owner is gone, after
 // killing any server still running in them (its pid from postmaster.pid,
-// checked against /proc to be a postgres process), so a test killed
-// mid-way does not leave servers or disk behind for long.
+// checked against /proc to be a postgres process, and every process whose
+// working directory is the data directory: backends outlive their
+// postmaster), so a test killed mid-way does not leave servers or disk
+// behind for long.
 package pgcluster
 
 import (
@@ -971,7 +973,14 @@ func freePort() (int, error) {
 // reapOrphans removes temporary clusters whose owner process is gone,
 // killing their server first.
 func reapOrphans() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgcluster-*"))
+	// Processes left in a cluster directory that is already removed.
+	prefix := filepath.Join(os.TempDir(), "pgcluster-")
+	eachProc(func(pid int, cwd string) {
+		if strings.HasPrefix(cwd, prefix) && strings.HasSuffix(cwd, " (deleted)") {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	dirs, _ := filepath.Glob(prefix + "*")
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
 		if err != nil {
@@ -987,7 +996,34 @@ func reapOrphans() {
 				killAll(pid)
 			}
 		}
+		// Backends outlive a postmaster killed with its owner; a frozen
+		// one's never exit by themselves. They run in the data directory.
+		killInDir(filepath.Join(d, "data"))
 		_ = os.RemoveAll(d)
+	}
+}
+
+// killInDir sends SIGKILL to the processes whose working directory is dir.
+func killInDir(dir string) {
+	eachProc(func(pid int, cwd string) {
+		if cwd == dir {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+}
+
+// eachProc calls f with every process's id and working directory that
+// /proc shows this process.
+func eachProc(f func(pid int, cwd string)) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink("/proc/" + e.Name() + "/cwd"); err == nil {
+			f(pid, cwd)
+		}
 	}
 }
 
