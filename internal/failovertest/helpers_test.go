@@ -6,16 +6,13 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/txhook/txhook/internal/testdb"
-	"github.com/txhook/txhook/internal/testlisten"
+	"github.com/txhook/txhook/internal/testob"
 	"github.com/txhook/txhook/outbox"
 )
 
-// waitFor is how long the tests wait for something asynchronous:
-// generous, as CI machines are small and busy.
-const waitFor = 60 * time.Second
+const waitFor = testob.WaitFor
 
 type bundle struct {
 	t   *testing.T
@@ -27,18 +24,7 @@ type bundle struct {
 // setup opens a migrated outbox on db, woken by the driver's Listener.
 func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	t.Cleanup(cancel)
-	cfg.AllowHTTP, cfg.AllowPrivateTargets = true, true
-	cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
-	ob, err := outbox.New(ctx, db.DB, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ob.Close() })
+	ob, ctx := testob.NewOutboxWith(t, db, cfg)
 	return &bundle{t: t, db: db, ob: ob, ctx: ctx}
 }
 
@@ -54,21 +40,7 @@ func (b *bundle) endpoint(tenant, url string, types ...string) outbox.Endpoint {
 // relay starts a relay and stops it when the test ends.
 func (b *bundle) relay(cfg outbox.RelayConfig) *outbox.Relay {
 	b.t.Helper()
-	r, err := b.ob.NewRelay(cfg)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	if err := r.Start(b.ctx); err != nil {
-		b.t.Fatal(err)
-	}
-	b.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
-			b.t.Errorf("relay stop: %v", err)
-		}
-	})
-	return r
+	return testob.StartRelay(b.t, b.ctx, b.ob, cfg)
 }
 
 // count runs a COUNT query (PostgreSQL placeholders).
@@ -81,16 +53,9 @@ func (b *bundle) count(query string, args ...any) int {
 	return n
 }
 
-// eventually polls cond until it holds or waitFor passes.
 func (b *bundle) eventually(what string, cond func() bool) {
 	b.t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testob.Eventually(b.t, what, cond)
 }
 
 // logBuffer collects a logger's output for the test to print on failure.
