@@ -131,7 +131,9 @@ func (c *completer) run(ctx context.Context) {
 			continue
 		}
 		n := min(len(pending), maxCompletionBatch)
-		left, err := c.flush(ctx, pending[:n])
+		fctx, cancel := r.statementContext(ctx)
+		left, err := c.flush(fctx, pending[:n])
+		cancel()
 		pending = append(left, pending[n:]...)
 		if err == nil {
 			backoff = 0

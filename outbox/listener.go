@@ -21,7 +21,9 @@ type Listener interface {
 	// Listen listens on channel and calls wake once it is listening, after
 	// every notification, and after every reconnection (notifications sent
 	// while not listening are lost). It returns when ctx is done or the
-	// connection fails; the relay then calls it again after a backoff,
+	// connection fails or stops answering (a primary that hangs: check it
+	// when no notification came for a while); the relay then calls it
+	// again after a backoff,
 	// polling meanwhile. db is the Outbox's database.
 	Listen(ctx context.Context, db *sql.DB, channel string, wake func()) error
 }

@@ -373,6 +373,18 @@ func (r *Relay) listen(ctx context.Context) {
 	}()
 }
 
+// statementContext bounds one round of the relay's statements (a claim, a
+// completion batch) by a lease. A primary that stops answering without
+// closing its connections (a paused VM, a stalled disk, a failover that
+// left it running) would otherwise hold the relay on those connections
+// forever; past the deadline pgx closes the connection and the relay goes
+// on with a fresh one, which a multi-host DSN points at the new primary.
+// A round that took a lease achieves nothing anyway: its claims could not
+// start, its outcomes could no longer be written.
+func (r *Relay) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.cfg.Lease)
+}
+
 // minPoll is the first re-poll delay after a claim came back short: just
 // long enough for transactions that committed alongside the one that woke
 // us (their NOTIFY was skipped) to become visible.
@@ -436,6 +448,8 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 // claim dispatches new events and claims due deliveries, up to n jobs in
 // all, hands them to the workers and returns how many it took.
 func (r *Relay) claim(ctx context.Context, n int) (int, error) {
+	ctx, cancel := r.statementContext(ctx)
+	defer cancel()
 	r.checkClock(ctx)
 	start := r.clock.Now()
 	// The database times the lease by its own clock from when the statement

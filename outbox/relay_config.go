@@ -54,7 +54,10 @@ type RelayConfig struct {
 	// A relay whose clock (Config.Clock) is more than a fifth of Lease
 	// from the database's logs a warning: the retry times it schedules,
 	// and which pending deliveries it takes as due, follow its own clock.
-	// Default 30 s.
+	// A lease also bounds each round of the relay's statements (a claim, a
+	// batch of outcomes), so a database that stops answering without
+	// closing its connections holds the relay for one lease at most (see
+	// docs/SCALING.md, Failover). Default 30 s.
 	Lease time.Duration
 
 	// PollInterval is the longest a relay waits before looking for due

@@ -29,8 +29,10 @@
 // (os.TempDir()/pgcluster-*) also holds owner.pid, the starting process's
 // id: each [Start] removes the directories whose owner is gone, after
 // killing any server still running in them (its pid from postmaster.pid,
-// checked against /proc to be a postgres process), so a test killed
-// mid-way does not leave servers or disk behind for long.
+// checked against /proc to be a postgres process, and every process whose
+// working directory is the data directory: backends outlive their
+// postmaster), so a test killed mid-way does not leave servers or disk
+// behind for long.
 package pgcluster
 
 import (
@@ -555,7 +557,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.logf("pgcluster: postgres pid %d on 127.0.0.1:%d, data %s", cmd.Process.Pid, c.port, c.DataDir())
 
 	if err := c.waitReady(ctx, done); err != nil {
-		_ = c.signal(syscall.SIGKILL)
+		killAll(cmd.Process.Pid)
 		<-done
 		c.forget(cmd)
 		tail := c.logSince(before)
@@ -620,21 +622,6 @@ func (c *Cluster) forget(cmd *exec.Cmd) {
 	}
 }
 
-// signal sends sig to the postmaster's process group: the postmaster and
-// every backend it forked.
-func (c *Cluster) signal(sig syscall.Signal) error {
-	c.mu.Lock()
-	cmd := c.cmd
-	c.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	if sig == syscall.SIGKILL {
-		return syscall.Kill(-cmd.Process.Pid, sig)
-	}
-	return cmd.Process.Signal(sig)
-}
-
 // Running reports whether the server process is alive.
 func (c *Cluster) Running() bool {
 	c.mu.Lock()
@@ -659,11 +646,12 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	if cmd == nil {
 		return nil
 	}
+	thaw(cmd.Process.Pid) // in case it is frozen
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	select {
 	case <-done:
 	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		killAll(cmd.Process.Pid)
 		<-done
 		c.forget(cmd)
 		return fmt.Errorf("pgcluster: stop: %w (killed)", ctx.Err())
@@ -672,8 +660,9 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return nil
 }
 
-// Kill sends SIGKILL to the postmaster and all its backends at once, as a
-// crash of the host would end them, and waits until the postmaster has
+// Kill sends SIGKILL to the postmaster and all its children (backends,
+// WAL writer, checkpointer...) at once, as a crash of the host would end
+// them, and waits until the postmaster has
 // exited. Open connections see their socket closed. The data directory
 // stays; Restart runs crash recovery.
 func (c *Cluster) Kill() error {
@@ -683,12 +672,94 @@ func (c *Cluster) Kill() error {
 	if cmd == nil {
 		return nil
 	}
-	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("pgcluster: kill: %w", err)
-	}
+	killAll(cmd.Process.Pid)
 	<-done
 	c.forget(cmd)
 	return nil
+}
+
+// Freeze stops (SIGSTOP) the postmaster and all its children: the host
+// seems to hang, as one that lost power or its network does. Connections
+// stay open and TCP connects still succeed (the kernel accepts them), but
+// nothing answers, so clients wait until their own timeouts. Thaw, Kill,
+// Stop and Close work on a frozen server.
+func (c *Cluster) Freeze() error {
+	pid, err := c.postmaster()
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pgcluster: freeze: %w", err)
+	}
+	for _, p := range children(pid) {
+		_ = syscall.Kill(p, syscall.SIGSTOP)
+	}
+	return nil
+}
+
+// Thaw resumes (SIGCONT) a frozen server.
+func (c *Cluster) Thaw() error {
+	pid, err := c.postmaster()
+	if err != nil {
+		return err
+	}
+	thaw(pid)
+	return nil
+}
+
+func thaw(pid int) {
+	for _, p := range children(pid) {
+		_ = syscall.Kill(p, syscall.SIGCONT)
+	}
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+}
+
+func (c *Cluster) postmaster() (int, error) {
+	c.mu.Lock()
+	cmd := c.cmd
+	c.mu.Unlock()
+	if cmd == nil {
+		return 0, fmt.Errorf("pgcluster: server on port %d is not running", c.port)
+	}
+	return cmd.Process.Pid, nil
+}
+
+// killAll sends SIGKILL to a postmaster and all its children at once, as a
+// crash of the host would end them. It stops the postmaster first so that
+// it forks nothing meanwhile. (Signalling the process group is not enough:
+// PostgreSQL makes each backend the leader of a group of its own.)
+func killAll(pid int) {
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	for _, p := range append(children(pid), pid) {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+}
+
+// children lists the processes whose parent is pid (from /proc): a
+// postmaster's backends and auxiliary processes.
+func children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Restart starts a stopped or killed server again (stopping it first if
@@ -902,7 +973,14 @@ func freePort() (int, error) {
 // reapOrphans removes temporary clusters whose owner process is gone,
 // killing their server first.
 func reapOrphans() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgcluster-*"))
+	// Processes left in a cluster directory that is already removed.
+	prefix := filepath.Join(os.TempDir(), "pgcluster-")
+	eachProc(func(pid int, cwd string) {
+		if strings.HasPrefix(cwd, prefix) && strings.HasSuffix(cwd, " (deleted)") {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	dirs, _ := filepath.Glob(prefix + "*")
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
 		if err != nil {
@@ -915,11 +993,37 @@ func reapOrphans() {
 		if pb, err := os.ReadFile(filepath.Join(d, "data", "postmaster.pid")); err == nil {
 			line, _, _ := strings.Cut(string(pb), "\n")
 			if pid, err := strconv.Atoi(strings.TrimSpace(line)); err == nil && pid > 0 && isPostgres(pid) {
-				_ = syscall.Kill(-pid, syscall.SIGKILL)
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+				killAll(pid)
 			}
 		}
+		// Backends outlive a postmaster killed with its owner; a frozen
+		// one's never exit by themselves. They run in the data directory.
+		killInDir(filepath.Join(d, "data"))
 		_ = os.RemoveAll(d)
+	}
+}
+
+// killInDir sends SIGKILL to the processes whose working directory is dir.
+func killInDir(dir string) {
+	eachProc(func(pid int, cwd string) {
+		if cwd == dir {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+}
+
+// eachProc calls f with every process's id and working directory that
+// /proc shows this process.
+func eachProc(f func(pid int, cwd string)) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink("/proc/" + e.Name() + "/cwd"); err == nil {
+			f(pid, cwd)
+		}
 	}
 }
 

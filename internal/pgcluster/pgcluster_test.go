@@ -105,3 +105,30 @@ func TestBadReplicaName(t *testing.T) {
 		t.Fatal("wrong error")
 	}
 }
+
+// A frozen server answers nothing, on open connections too (its backends
+// are stopped, not only the postmaster); thawed, it answers again.
+func TestFreezeThaw(t *testing.T) {
+	c := pgcluster.ForTest(t, pgcluster.Options{})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, c.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = conn.Ping(qctx)
+	cancel()
+	if err == nil {
+		t.Fatal("a frozen server answered a ping on an open connection")
+	}
+	if err := c.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Exec(ctx, "postgres", "SELECT 1"); err != nil {
+		t.Fatalf("after Thaw: %v", err)
+	}
+}

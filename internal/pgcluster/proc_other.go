@@ -4,8 +4,8 @@ package pgcluster
 
 import "syscall"
 
-// serverProcAttr puts the postmaster in its own process group, so Kill
-// reaches its backends too. (Outside Linux there is no parent-death
+// serverProcAttr puts the postmaster in its own process group, away from
+// signals meant for this one (Ctrl-C). (Outside Linux there is no parent-death
 // signal: orphans are reaped by the next Start.)
 func serverProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Credential: cred, Setpgid: true}

@@ -73,3 +73,24 @@ func Eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// StartRelay starts a relay of ob under ctx and stops it, allowing 30 s
+// for in-flight requests, when the test ends.
+func StartRelay(t *testing.T, ctx context.Context, ob *outbox.Outbox, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := ob.NewRelay(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(sctx); err != nil {
+			t.Errorf("relay stop: %v", err)
+		}
+	})
+	return r
+}

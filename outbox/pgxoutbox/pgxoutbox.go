@@ -165,7 +165,9 @@ type directListener struct{ dsn string }
 
 // Listen implements outbox.Listener. db is not used.
 func (l directListener) Listen(ctx context.Context, _ *sql.DB, channel string, wake func()) error {
-	pc, err := pgx.Connect(ctx, l.dsn)
+	cctx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+	pc, err := pgx.Connect(cctx, l.dsn)
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -180,14 +182,41 @@ func (l directListener) Listen(ctx context.Context, _ *sql.DB, channel string, w
 // listenOn listens on channel on pc and calls wake once listening and
 // after each notification, until ctx is done or the connection fails.
 func listenOn(ctx context.Context, pc *pgx.Conn, channel string, wake func()) error {
-	if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+	lctx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+	_, err := pc.Exec(lctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	cancel()
+	if err != nil {
 		return err
 	}
 	wake()
 	for {
-		if _, err := pc.WaitForNotification(ctx); err != nil {
+		wctx, cancel := context.WithTimeout(ctx, listenIdle)
+		_, err := pc.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			wake()
+			continue
+		}
+		if ctx.Err() != nil || !pgconn.Timeout(err) {
 			return err
 		}
-		wake()
+		// Quiet for listenIdle: make sure the server still answers. A
+		// primary that hangs without closing the connection (a paused
+		// VM, a failover that left it running) would otherwise keep
+		// this relay listening to nothing, woken only by its polls.
+		pctx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+		err = pc.Ping(pctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("pgxoutbox: the listening connection stopped answering: %w", err)
+		}
 	}
 }
+
+// A listening connection that received nothing for listenIdle is pinged,
+// and given up (the relay listens again on a new connection) when the ping,
+// or the LISTEN itself, takes longer than listenCheckTimeout.
+const (
+	listenIdle         = 15 * time.Second
+	listenCheckTimeout = 10 * time.Second
+)
