@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,6 +53,13 @@ func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 	}
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// TXHOOK_TEST_PARTITIONED=1 runs the PostgreSQL tests on partitioned
+	// tables (.ci/partition runs the relay's tests so).
+	if os.Getenv("TXHOOK_TEST_PARTITIONED") == "1" && db.Backend.Postgres() {
+		if err := ob.Partition(ctx, outbox.PartitionConfig{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() { ob.Close() })
 	return &bundle{t: t, db: db, ob: ob, ctx: ctx}

@@ -114,6 +114,9 @@ func (o *Outbox) dropPartitions(ctx context.Context, cut time.Time, p *Pruned) e
 	}
 	d, err := o.st.DropPartitions(ctx, cut, maxMovedPerPartition, partitionLockWait)
 	p.Partitions += len(d.Dropped)
+	p.Deliveries += d.Deliveries
+	p.Attempts += d.Attempts
+	p.Events += d.Events
 	p.Moved += d.Moved
 	p.KeptPartitions += len(d.Kept)
 	if len(d.Kept) > 0 {

@@ -51,7 +51,9 @@ type Pruned struct {
 	Attempts    int
 	Events      int
 	DeadLetters int
-	// On partitioned tables (Outbox.Partition): partitions dropped, rows
+	// On partitioned tables (Outbox.Partition), the rows above include
+	// those dropped with their partitions, as counted just before. Also:
+	// partitions dropped, rows
 	// moved out of them to the DEFAULT partition because retention keeps
 	// them, and expired partitions kept (too many such rows, or their lock
 	// was busy), which row-by-row pruning then thins.

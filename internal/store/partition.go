@@ -599,8 +599,7 @@ func (s *Store) ensurePartitions(ctx context.Context, q Querier, now time.Time) 
 // in SHARE UPDATE EXCLUSIVE mode only: claims and completions go on.
 func (s *Store) createPartition(ctx context.Context, q Querier, p PartitionedTable, start time.Time) (int, error) {
 	name := partitionName(p.Table, start)
-	var ok bool
-	if err := q.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.prefix+name).Scan(&ok); err != nil || ok {
+	if ok, err := s.relExists(ctx, q, name); err != nil || ok {
 		return 0, err
 	}
 	qt, qp, qd := s.prefix+p.Table, s.prefix+name, s.prefix+p.Table+"_default"
@@ -625,6 +624,17 @@ INSERT INTO `+qp+` SELECT * FROM m`, start, end); err != nil {
 		return 0, err
 	}
 	return 1, nil
+}
+
+// relExists reports whether txhook's relation name exists. It reads
+// pg_class with the statement's snapshot: to_regclass could answer from a
+// catalog cache that predates the advisory lock another relay just
+// released after creating or dropping it.
+func (s *Store) relExists(ctx context.Context, q Querier, name string) (bool, error) {
+	var ok bool
+	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1
+    AND relnamespace = COALESCE(to_regnamespace(NULLIF($2, '')), (SELECT oid FROM pg_namespace WHERE nspname = current_schema())))`, name, s.schema).Scan(&ok)
+	return ok, err
 }
 
 // Partition is one range partition of a table.
@@ -670,16 +680,25 @@ WHERE i.inhparent = $1::regclass ORDER BY c.relname`, s.prefix+p.Table)
 
 // survivors is, for each partitioned table, the condition on a row x of
 // one of its partitions that keeps it past retention cut ($1): the
-// negation of what PruneFinished, and PruneEvents delete. $2 is the end of
-// the partition plus a margin: an attempt starts after its delivery is
-// created, give or take the relays' clock skew.
+// negation of what PruneFinished and PruneEvents delete. An attempt is
+// kept while its delivery is; its $1 is the end of the partition plus a
+// margin, as an attempt starts after its delivery is created (give or take
+// the relays' clock skew), which spares probing every partition.
 var survivors = map[string]string{
 	"txhook_deliveries": `NOT (x.state IN ('succeeded', 'dead') AND x.updated_at < $1
     AND (x.state = 'succeeded' OR NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.delivery_id = x.id)))`,
-	"txhook_attempts": `EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.id = x.delivery_id AND d.created_at < $2)`,
+	"txhook_attempts": `EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.id = x.delivery_id AND d.created_at < $1)`,
 	"txhook_events": `(x.dispatched_at IS NULL OR x.dispatched_at >= $1
     OR EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = x.id)
     OR EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = x.id))`,
+}
+
+// survivorArgs is the parameter survivors[table] uses.
+func survivorArgs(table string, cut, margin time.Time) []any {
+	if table == "txhook_attempts" {
+		return []any{margin.UTC()}
+	}
+	return []any{cut.UTC()}
 }
 
 // DroppedPartitions is what DropPartitions did.
@@ -694,7 +713,16 @@ type DroppedPartitions struct {
 	// maxMove of their rows must be kept, or because a lock was not granted
 	// in time; row-by-row pruning deletes what it can of them.
 	Kept []string
+	// Rows dropped with the partitions, per table, as counted before the
+	// partition was locked.
+	Deliveries, Attempts, Events int
 }
+
+// errGone: another relay dropped the partition first.
+var errGone = errors.New("partition already dropped")
+
+// dropLockKey serialises partition drops across relays.
+const dropLockKey = migrationLockKey + 1
 
 // errLockTimeout marks a partition drop given up because it waited too
 // long for its lock; the next round tries again.
@@ -734,8 +762,11 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 			margin := part.End.Add(pt.Interval + time.Hour)
 			// Count first, with no lock: a partition whose keepers are too
 			// many is never locked at all.
-			var n int
-			if err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*) FROM `+part.Name+` x WHERE `+survivors[k.Table]), cut.UTC(), margin.UTC()).Scan(&n); err != nil {
+			var total, n int
+			if err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*), count(*) FILTER (WHERE `+survivors[k.Table]+`) FROM `+part.Name+` x`), survivorArgs(k.Table, cut, margin)...).Scan(&total, &n); err != nil {
+				if strings.Contains(err.Error(), "does not exist") {
+					continue // another relay dropped it
+				}
 				return out, err
 			}
 			if n > maxMove {
@@ -743,15 +774,25 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 				continue
 			}
 			moved, err := s.dropPartition(ctx, pt, part, cut, margin, maxMove, lockWait)
-			if errors.Is(err, errLockTimeout) || errors.Is(err, errTooMany) {
+			switch {
+			case errors.Is(err, errGone):
+				continue
+			case errors.Is(err, errLockTimeout) || errors.Is(err, errTooMany):
 				out.Kept = append(out.Kept, part.Name)
 				continue
-			}
-			if err != nil {
+			case err != nil:
 				return out, fmt.Errorf("txhook: drop partition %s: %w", part.Name, err)
 			}
 			out.Moved += moved
 			out.Dropped = append(out.Dropped, part.Name)
+			switch k.Table {
+			case "txhook_deliveries":
+				out.Deliveries += max(0, total-moved)
+			case "txhook_attempts":
+				out.Attempts += max(0, total-moved)
+			case "txhook_events":
+				out.Events += max(0, total-moved)
+			}
 		}
 	}
 	return out, nil
@@ -764,6 +805,19 @@ var errTooMany = errors.New("too many rows to keep")
 func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Partition, cut, margin time.Time, maxMove int, lockWait time.Duration) (moved int, err error) {
 	err = s.Tx(ctx, func(q Querier) error {
 		if _, err := q.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(1, lockWait.Milliseconds()))); err != nil {
+			return err
+		}
+		var mine bool
+		if err := q.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock($1)`, int64(dropLockKey)).Scan(&mine); err != nil {
+			return err
+		}
+		if !mine {
+			return errLockTimeout
+		}
+		if ok, err := s.relExists(ctx, q, part.Name); err != nil || !ok {
+			if err == nil {
+				err = errGone
+			}
 			return err
 		}
 		qt, qp := s.prefix+pt.Table, s.prefix+part.Name
@@ -780,7 +834,7 @@ func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Par
 			return err
 		}
 		// The range is no longer covered: the rows go to DEFAULT.
-		res, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO `+pt.Table+` SELECT x.* FROM `+part.Name+` x WHERE `+survivors[pt.Table]), cut.UTC(), margin.UTC())
+		res, err := q.ExecContext(ctx, s.Rebind(`INSERT INTO `+pt.Table+` SELECT x.* FROM `+part.Name+` x WHERE `+survivors[pt.Table]), survivorArgs(pt.Table, cut, margin)...)
 		if err != nil {
 			return err
 		}
