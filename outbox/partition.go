@@ -76,11 +76,6 @@ func (o *Outbox) Partition(ctx context.Context, cfg PartitionConfig) error {
 
 // Partition maintenance bounds.
 const (
-	// maxMovedPerPartition is how many rows of an expired partition
-	// retention moves to the DEFAULT partition (unfinished deliveries,
-	// undispatched events, what a dead letter needs) so that it can drop
-	// the rest; a partition with more is kept, and pruned row by row.
-	maxMovedPerPartition = 10000
 	// partitionLockWait is how long dropping a partition waits for its
 	// table's lock before giving up until the next round: while it waits,
 	// claims queue behind it.
@@ -89,6 +84,13 @@ const (
 	// partitions ahead exist.
 	partitionCheckInterval = 5 * time.Minute
 )
+
+// maxMovedPerPartition is how many rows of an expired partition retention
+// moves to the DEFAULT partition (unfinished deliveries, undispatched
+// events, what a dead letter needs) so that it can drop the rest; a
+// partition with more is kept, and pruned row by row. Tests lower it per
+// Outbox (Outbox.maxMoved).
+const maxMovedPerPartition = 10000
 
 // ensurePartitions creates the partitions ahead, if the tables are
 // partitioned.
@@ -112,7 +114,11 @@ func (o *Outbox) dropPartitions(ctx context.Context, cut time.Time, p *Pruned) e
 	if _, err := o.ensurePartitions(ctx); err != nil {
 		return err
 	}
-	d, err := o.st.DropPartitions(ctx, cut, maxMovedPerPartition, partitionLockWait)
+	maxMove := int(o.maxMoved.Load())
+	if maxMove <= 0 {
+		maxMove = maxMovedPerPartition
+	}
+	d, err := o.st.DropPartitions(ctx, cut, maxMove, partitionLockWait)
 	p.Partitions += len(d.Dropped)
 	p.Deliveries += d.Deliveries
 	p.Attempts += d.Attempts

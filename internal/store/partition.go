@@ -718,11 +718,13 @@ type DroppedPartitions struct {
 	Deliveries, Attempts, Events int
 }
 
-// errGone: another relay dropped the partition first.
+// errGone: another relay dropped the partition first, or is dropping
+// partitions now.
 var errGone = errors.New("partition already dropped")
 
-// dropLockKey serialises partition drops across relays.
-const dropLockKey = migrationLockKey + 1
+// dropLockKey, with the schema's name, serialises partition drops across
+// relays ("txhk" in ASCII).
+const dropLockKey = 0x7478686b
 
 // errLockTimeout marks a partition drop given up because it waited too
 // long for its lock; the next round tries again.
@@ -808,11 +810,12 @@ func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Par
 			return err
 		}
 		var mine bool
-		if err := q.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock($1)`, int64(dropLockKey)).Scan(&mine); err != nil {
+		if err := q.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock($1, hashtext(COALESCE(NULLIF($2, ''), current_schema())))`,
+			dropLockKey, s.schema).Scan(&mine); err != nil {
 			return err
 		}
 		if !mine {
-			return errLockTimeout
+			return errGone // another relay is dropping partitions of these tables
 		}
 		if ok, err := s.relExists(ctx, q, part.Name); err != nil || !ok {
 			if err == nil {
