@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/outbox"
@@ -43,19 +44,13 @@ func (c *settableClock) Now() time.Time {
 	return time.Now().Add(c.off)
 }
 
-func (c *settableClock) NewTimer(d time.Duration) outbox.Timer { return realTimer{time.NewTimer(d)} }
+func (c *settableClock) NewTimer(d time.Duration) outbox.Timer { return clock.Real{}.NewTimer(d) }
 
 func (c *settableClock) set(off time.Duration) {
 	c.mu.Lock()
 	c.off = off
 	c.mu.Unlock()
 }
-
-type realTimer struct{ t *time.Timer }
-
-func (r realTimer) C() <-chan time.Time   { return r.t.C }
-func (r realTimer) Stop() bool            { return r.t.Stop() }
-func (r realTimer) Reset(d time.Duration) { r.t.Reset(d) }
 
 // partitionArm is one schema of the part: plain or partitioned.
 type partitionArm struct {
