@@ -60,7 +60,7 @@ func TestPartitionedRetentionDropsOnlyFinishedRows(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
 		day0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 		fake := clock.NewFake(day0)
-		b := setup(t, db, outbox.Config{Clock: fake})
+		b := setupWith(t, db, outbox.Config{Clock: fake}, false)
 		err := b.ob.Partition(b.ctx, outbox.PartitionConfig{Interval: 24 * time.Hour, Ahead: 1})
 		if !db.Backend.Postgres() {
 			if !errors.Is(err, outbox.ErrPartitionUnsupported) {
@@ -211,7 +211,7 @@ func TestPartitionedEnqueuePastTheLastPartition(t *testing.T) {
 			db := testdb.Open(t, be)
 			day0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			fake := clock.NewFake(day0)
-			b := setup(t, db, outbox.Config{Clock: fake})
+			b := setupWith(t, db, outbox.Config{Clock: fake}, false)
 			if err := b.ob.Partition(b.ctx, outbox.PartitionConfig{Interval: time.Hour, Ahead: 2}); err != nil {
 				t.Fatal(err)
 			}
@@ -252,7 +252,7 @@ func TestPartitionedEnqueuePastTheLastPartition(t *testing.T) {
 
 func TestPartitionRefusesBadConfig(t *testing.T) {
 	db := testdb.Open(t, testdb.Backends[0])
-	b := setup(t, db, outbox.Config{})
+	b := setupWith(t, db, outbox.Config{}, false)
 	for _, cfg := range []outbox.PartitionConfig{{Interval: time.Minute}, {Interval: 90 * time.Second}, {Ahead: -1}} {
 		if err := b.ob.Partition(b.ctx, cfg); !errors.Is(err, outbox.ErrInvalidConfig) && !errors.Is(err, outbox.ErrPartitionUnsupported) {
 			t.Errorf("Partition(%+v) = %v", cfg, err)
