@@ -187,3 +187,58 @@ func TestPartitionRefusesSQLiteAndTablesWithRows(t *testing.T) {
 		}
 	})
 }
+
+// A partition drop waits for its lock at most lockWait: a long transaction
+// on the table makes it keep the partition for the next round, with no
+// error, rather than queue every claim behind it.
+func TestDropPartitionGivesUpOnABusyLock(t *testing.T) {
+	for _, b := range testdb.Backends {
+		if !b.Postgres() {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.Open(t, b)
+			ctx := context.Background()
+			st := openStore(t, db)
+			day0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+			if err := st.Partition(ctx, 24*time.Hour, 0, day0); err != nil {
+				t.Fatal(err)
+			}
+			id := running(t, st, "relay", "m", day0)
+			if _, err := db.Exec(`UPDATE txhook_deliveries SET state = 'succeeded', updated_at = $1 WHERE id = $2`, day0, id); err != nil {
+				t.Fatal(err)
+			}
+			// A relay's transaction still open on the table, on a pool of
+			// its own.
+			other := testdb.Reopen(t, db)
+			tx, err := other.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tx.Rollback() })
+			if _, err := tx.Exec(`SELECT 1 FROM txhook_deliveries WHERE id = $1 FOR UPDATE`, id); err != nil {
+				t.Fatal(err)
+			}
+			cut := day0.Add(30 * 24 * time.Hour)
+			d, err := st.DropPartitions(ctx, cut, 100, 200*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The deliveries' partition is kept; the attempts' (empty) and
+			// the events' go, the event moved to DEFAULT as its delivery
+			// still refers to it.
+			if len(d.Kept) != 1 || d.Kept[0] != "txhook_deliveries_p20261130t0000" || len(d.Dropped) != 2 || d.Moved != 1 {
+				t.Fatalf("with the table busy: %+v", d)
+			}
+			tx.Rollback()
+			d, err = st.DropPartitions(ctx, cut, 100, 200*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Dropped) != 1 || d.Deliveries != 1 || d.Moved != 0 || len(d.Kept) != 0 {
+				t.Fatalf("after: %+v", d)
+			}
+		})
+	}
+}
