@@ -125,6 +125,7 @@ func (o *Outbox) dropPartitions(ctx context.Context, cut time.Time, p *Pruned) e
 	p.Events += d.Events
 	p.Moved += d.Moved
 	p.KeptPartitions += len(d.Kept)
+	p.PartitionLock = max(p.PartitionLock, d.MaxLockHeld)
 	if len(d.Kept) > 0 {
 		o.log.Warn("txhook: expired partitions kept: too many rows to keep in them, or their lock was busy; pruning them row by row",
 			"partitions", d.Kept)

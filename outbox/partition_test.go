@@ -158,6 +158,11 @@ func TestPartitionedRetentionDropsOnlyFinishedRows(t *testing.T) {
 		if n := b.count("SELECT count(*) FROM txhook_dead_letters"); n != 1 {
 			t.Errorf("%d dead letters", n)
 		}
+		// The dropped events' IDs and keys are free again; the kept ones'
+		// are not.
+		if n, m := b.count("SELECT count(*) FROM txhook_events_keys"), b.count("SELECT count(*) FROM txhook_events"); n != m || n != 4 {
+			t.Errorf("%d keys for %d events, want 4 each", n, m)
+		}
 		// Maintenance created today's partition and the next.
 		for _, name := range []string{"txhook_events_p20261210t0000", "txhook_events_p20261211t0000", "txhook_attempts_p20261211t0000"} {
 			if !b.tableExists(name) {

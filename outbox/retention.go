@@ -60,6 +60,9 @@ type Pruned struct {
 	Partitions     int
 	Moved          int
 	KeptPartitions int
+	// PartitionLock is the longest a partition drop held its table's lock:
+	// how long enqueues, claims or completions on it waited at most.
+	PartitionLock time.Duration
 }
 
 // maxPruneBatches bounds one Prune call, so a relay's pruning round never
@@ -168,7 +171,7 @@ func (r *Relay) maintain(ctx context.Context) {
 			r.log.Warn("txhook: pruning failed", "error", err)
 		case p != Pruned{}:
 			r.log.Info("txhook: pruned", "deliveries", p.Deliveries, "attempts", p.Attempts, "events", p.Events, "dead_letters", p.DeadLetters,
-				"partitions", p.Partitions, "moved", p.Moved, "kept_partitions", p.KeptPartitions)
+				"partitions", p.Partitions, "moved", p.Moved, "kept_partitions", p.KeptPartitions, "partition_lock", p.PartitionLock)
 		}
 		prune.Reset(iv)
 	}

@@ -209,6 +209,7 @@ func partPartition(ctx context.Context, cfg config, rep *report, p *progress) er
 			sum.Partitions += pr.Partitions
 			sum.Moved += pr.Moved
 			sum.KeptPartitions += pr.KeptPartitions
+			sum.PartitionLock = max(sum.PartitionLock, pr.PartitionLock)
 			if pr.Deliveries == 0 && pr.Events == 0 && pr.Attempts == 0 {
 				break
 			}

@@ -716,6 +716,11 @@ type DroppedPartitions struct {
 	// Rows dropped with the partitions, per table, as counted before the
 	// partition was locked.
 	Deliveries, Attempts, Events int
+	// Keys deleted from <table>_keys for the rows dropped.
+	Keys int
+	// MaxLockHeld is the longest a drop held its table's lock (from the
+	// DETACH to the commit): how long statements on it waited at most.
+	MaxLockHeld time.Duration
 }
 
 // errGone: another relay dropped the partition first, or is dropping
@@ -775,7 +780,8 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 				out.Kept = append(out.Kept, part.Name)
 				continue
 			}
-			moved, err := s.dropPartition(ctx, pt, part, cut, margin, maxMove, lockWait)
+			moved, held, err := s.dropPartition(ctx, pt, part, cut, margin, maxMove, lockWait)
+			out.MaxLockHeld = max(out.MaxLockHeld, held)
 			switch {
 			case errors.Is(err, errGone):
 				continue
@@ -796,6 +802,29 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 				out.Events += max(0, total-moved)
 			}
 		}
+		if len(pt.KeyColumns) > 0 {
+			// Every round, so that keys a crash left behind go too. Only
+			// keys older than every range partition can have lost their
+			// row: those rows are gone or in DEFAULT.
+			oldest := time.Time{}
+			rest, err := s.Partitions(ctx)
+			if err != nil {
+				return out, err
+			}
+			for _, r := range rest {
+				if r.Table == pt.Table && (oldest.IsZero() || r.Start.Before(oldest)) {
+					oldest = r.Start
+				}
+			}
+			if oldest.IsZero() {
+				oldest = cut
+			}
+			n, err := s.pruneKeys(ctx, pt, oldest)
+			out.Keys += n
+			if err != nil {
+				return out, fmt.Errorf("txhook: delete keys of dropped rows: %w", err)
+			}
+		}
 	}
 	return out, nil
 }
@@ -804,7 +833,8 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 // count and the lock.
 var errTooMany = errors.New("too many rows to keep")
 
-func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Partition, cut, margin time.Time, maxMove int, lockWait time.Duration) (moved int, err error) {
+func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Partition, cut, margin time.Time, maxMove int, lockWait time.Duration) (moved int, held time.Duration, err error) {
+	var locked time.Time
 	err = s.Tx(ctx, func(q Querier) error {
 		if _, err := q.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(1, lockWait.Milliseconds()))); err != nil {
 			return err
@@ -833,6 +863,7 @@ func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Par
 			}
 			return err
 		}
+		locked = time.Now()
 		if _, err := q.ExecContext(ctx, `SET LOCAL txhook.moving = 'on'`); err != nil {
 			return err
 		}
@@ -846,22 +877,46 @@ func (s *Store) dropPartition(ctx context.Context, pt PartitionedTable, part Par
 		if moved > maxMove {
 			return errTooMany
 		}
-		if len(pt.KeyColumns) > 0 {
-			// Keys of the rows dropped go; those of the rows moved stay.
-			var on []string
-			for _, c := range pt.MatchColumns {
-				on = append(on, "d."+quoteIdent(c)+" = k."+quoteIdent(c))
-			}
-			col := quoteIdent(pt.Column)
-			if _, err := q.ExecContext(ctx, `DELETE FROM `+qt+`_keys k WHERE k.`+col+` >= $1 AND k.`+col+` < $2
-AND NOT EXISTS (SELECT 1 FROM `+qt+`_default d WHERE `+strings.Join(on, " AND ")+` AND d.`+col+` = k.`+col+`)`, part.Start, part.End); err != nil {
-				return err
-			}
-		}
+		// The keys of the rows dropped go afterwards, in batches and
+		// without this lock (PruneKeys): they only keep IDs taken a little
+		// longer.
 		if _, err := q.ExecContext(ctx, `DROP TABLE `+qp); err != nil {
 			return err
 		}
+		held = time.Since(locked)
 		return nil
 	})
-	return moved, err
+	return moved, held, err
+}
+
+// keysBatch bounds one transaction of pruneKeys.
+const keysBatch = 10000
+
+// pruneKeys deletes, in transactions of keysBatch, the rows of
+// <table>_keys older than before whose row is gone (dropped with its
+// partition), and returns how many.
+func (s *Store) pruneKeys(ctx context.Context, pt PartitionedTable, before time.Time) (int, error) {
+	qt := s.prefix + pt.Table
+	col := quoteIdent(pt.Column)
+	on := []string{"e." + col + " = k." + col}
+	for _, c := range pt.MatchColumns {
+		on = append(on, "e."+quoteIdent(c)+" = k."+quoteIdent(c))
+	}
+	// Equal partition columns let each probe visit one partition.
+	q := `DELETE FROM ` + qt + `_keys WHERE ctid IN (
+    SELECT k.ctid FROM ` + qt + `_keys k
+    WHERE k.` + col + ` < $1 AND NOT EXISTS (SELECT 1 FROM ` + qt + ` e WHERE ` + strings.Join(on, " AND ") + `)
+    LIMIT ` + fmt.Sprint(keysBatch) + `)`
+	total := 0
+	for {
+		res, err := s.DB.ExecContext(ctx, q, before.UTC())
+		if err != nil {
+			return total, err
+		}
+		n, _ := res.RowsAffected()
+		total += int(n)
+		if n < keysBatch {
+			return total, nil
+		}
+	}
 }
