@@ -82,7 +82,7 @@ func partPartition(ctx context.Context, cfg config, rep *report, p *progress) er
 	load0 := loadAvg()
 
 	per := max(1, cfg.PartitionRows/3)
-	days := cfg.PartitionDays
+	days := max(1, cfg.PartitionDays)
 	// Day 0 of the data is days+8 days ago: the newest rows are 8 days
 	// old, past the 7-day retention.
 	back := time.Duration(days+8) * 24 * time.Hour
@@ -118,7 +118,12 @@ func partPartition(ctx context.Context, cfg config, rep *report, p *progress) er
 			return err
 		}
 		p.logf("partition: %s: written in %s", name, time.Since(t0).Round(time.Second))
-		rows, err := s.db.QueryContext(ctx, `SELECT id FROM txhook_deliveries TABLESAMPLE SYSTEM (1) LIMIT 2000`)
+		// A 1% sample of pages; all of a small table.
+		sample := `SELECT id FROM txhook_deliveries TABLESAMPLE SYSTEM (1) LIMIT 2000`
+		if per < 100000 {
+			sample = `SELECT id FROM txhook_deliveries LIMIT 2000`
+		}
+		rows, err := s.db.QueryContext(ctx, sample)
 		if err != nil {
 			return err
 		}
