@@ -55,3 +55,8 @@ func RecordAttempts(ctx context.Context, r *Relay, attempts []TestAttempt) {
 	}
 	c.trackEndpoints(ctx, batch, applied)
 }
+
+// SetMaxMovedPerPartition changes how many rows o's retention moves out
+// of an expired partition before it keeps the partition instead; 0
+// restores the default.
+func SetMaxMovedPerPartition(o *Outbox, n int) { o.maxMoved.Store(int64(n)) }

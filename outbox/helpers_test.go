@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,15 @@ type bundle struct {
 // live on loopback over http, so both are allowed.
 func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 	t.Helper()
+	return setupWith(t, db, cfg, os.Getenv("TXHOOK_TEST_PARTITIONED") == "1")
+}
+
+// setupWith is setup; partitioned runs Outbox.Partition (default settings)
+// on PostgreSQL after Migrate. TXHOOK_TEST_PARTITIONED=1 makes setup do so,
+// to run the PostgreSQL tests on partitioned tables (.ci/partition runs the
+// relay's tests so).
+func setupWith(t *testing.T, db *testdb.DB, cfg outbox.Config, partitioned bool) *bundle {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	if cfg.Logger == nil {
@@ -58,6 +68,11 @@ func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 	}
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if partitioned && db.Backend.Postgres() {
+		if err := ob.Partition(ctx, outbox.PartitionConfig{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() { ob.Close() })
 	return &bundle{t: t, db: db, ob: ob, ctx: ctx}

@@ -188,6 +188,7 @@ type Outbox struct {
 	tracer trace.Tracer // nil: tracing off
 
 	lastNotify atomic.Int64 // unix nanoseconds of the last queued NOTIFY
+	maxMoved   atomic.Int64 // tests: maxMovedPerPartition of this Outbox, 0 for the default
 }
 
 // New returns an Outbox on db. It prepares the Enqueue statement, so the

@@ -59,6 +59,18 @@ type Pruned struct {
 	Events      int
 	DeadLetters int
 	Audit       int // audit log entries
+	// On partitioned tables (Outbox.Partition), the rows above include
+	// those dropped with their partitions, as counted just before. Also:
+	// partitions dropped, rows
+	// moved out of them to the DEFAULT partition because retention keeps
+	// them, and expired partitions kept (too many such rows, or their lock
+	// was busy), which row-by-row pruning then thins.
+	Partitions     int
+	Moved          int
+	KeptPartitions int
+	// PartitionLock is the longest a partition drop held its table's lock:
+	// how long enqueues, claims or completions on it waited at most.
+	PartitionLock time.Duration
 }
 
 // maxPruneBatches bounds one Prune call, so a relay's pruning round never
@@ -67,7 +79,10 @@ const maxPruneBatches = 1000
 
 // Prune deletes what r no longer keeps, in transactions of at most
 // r.BatchSize rows. Relays call it every r.Interval; call it yourself to
-// prune from a cron job.
+// prune from a cron job. On partitioned tables (Outbox.Partition) it first
+// creates the partitions ahead and drops the partitions that ended before
+// the retention cut, moving the rows retention keeps to the DEFAULT
+// partition; it then prunes the remaining tables row by row as usual.
 func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 	r = r.withDefaults()
 	now := o.clock.Now()
@@ -106,6 +121,9 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 		return p, nil
 	}
 	cut := now.Add(-r.Succeeded)
+	if err := o.dropPartitions(ctx, cut, &p); err != nil {
+		return p, err
+	}
 	if err := loop(func() (int, error) {
 		n, a, err := o.st.PruneFinished(ctx, cut, r.BatchSize)
 		p.Deliveries += n
@@ -142,11 +160,18 @@ func (r *Relay) maintain(ctx context.Context) {
 	defer sweep.Stop()
 	health := r.clock.NewTimer(healthSweepInterval)
 	defer health.Stop()
+	parts := r.clock.NewTimer(partitionCheckInterval)
+	defer parts.Stop()
+	r.ensurePartitions(ctx)
 	var cur healthCursor
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-parts.C():
+			r.ensurePartitions(ctx)
+			parts.Reset(partitionCheckInterval)
+			continue
 		case <-sweep.C():
 			r.sweepBlocked(ctx)
 			sweep.Reset(sweepInterval)
@@ -162,9 +187,21 @@ func (r *Relay) maintain(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			r.log.Warn("txhook: pruning failed", "error", err)
 		case p != Pruned{}:
-			r.log.Info("txhook: pruned", "deliveries", p.Deliveries, "attempts", p.Attempts, "events", p.Events, "dead_letters", p.DeadLetters)
+			r.log.Info("txhook: pruned", "deliveries", p.Deliveries, "attempts", p.Attempts, "events", p.Events, "dead_letters", p.DeadLetters,
+				"partitions", p.Partitions, "moved", p.Moved, "kept_partitions", p.KeptPartitions, "partition_lock", p.PartitionLock)
 		}
 		prune.Reset(iv)
+	}
+}
+
+// ensurePartitions creates the partitions ahead on partitioned tables.
+func (r *Relay) ensurePartitions(ctx context.Context) {
+	n, err := r.o.ensurePartitions(ctx)
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("txhook: creating partitions failed; rows go to the DEFAULT partition meanwhile", "error", err)
+	}
+	if n > 0 {
+		r.log.Info("txhook: created partitions", "count", n)
 	}
 }
 

@@ -30,6 +30,11 @@
 //   - backlog: one claim batch (the dispatch statement and the retry claim
 //     statement) with a small and a large backlog, and the peak RSS of a
 //     separate relay process draining the large one.
+//   - partition: retention of -partition-rows rows by DELETE (Prune on
+//     plain tables) against dropping partitions (Prune on tables made by
+//     Outbox.Partition), time and WAL bytes, and the claim and a lookup by
+//     delivery ID with those rows retained; on a PostgreSQL cluster of its
+//     own (internal/pgcluster, Production settings), without the DSN.
 //   - sqlite: the drain on SQLite.
 //   - secrets: a drain over many endpoints with their signing secrets
 //     encrypted at rest (Config.SecretCipher) against plaintext secrets,
@@ -73,7 +78,7 @@ import (
 const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
 
 // allParts lists the parts in the order they run.
-var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "sqlite", "secrets", "signer"}
+var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "partition", "sqlite", "secrets", "signer"}
 
 // config holds every knob of a run; defaults are the published settings.
 type config struct {
@@ -106,6 +111,9 @@ type config struct {
 	ClaimSamples int
 	RSSEvents    int // events the separate relay process drains; 0 skips the RSS measure
 	RSSTimeout   time.Duration
+
+	PartitionRows int // rows retained and pruned (a third each events, deliveries, attempts)
+	PartitionDays int // days they span, one partition a day
 
 	SQLiteEvents int
 	SQLiteConc   int
@@ -148,6 +156,8 @@ func defaultConfig() config {
 		ClaimSamples:     25,
 		RSSEvents:        1000000,
 		RSSTimeout:       6 * time.Minute,
+		PartitionRows:    10000000,
+		PartitionDays:    10,
 		SQLiteEvents:     20000,
 		SQLiteConc:       16,
 		SQLiteRounds:     5,
@@ -195,6 +205,8 @@ func main() {
 	flag.IntVar(&cfg.ClaimSamples, "claim-samples", cfg.ClaimSamples, "backlog: timed claim batches per statement and size")
 	flag.IntVar(&cfg.RSSEvents, "rss-events", cfg.RSSEvents, "backlog: events the separate relay drains while its RSS is sampled (0: skip)")
 	flag.DurationVar(&cfg.RSSTimeout, "rss-timeout", cfg.RSSTimeout, "backlog: longest the RSS drain may run")
+	flag.IntVar(&cfg.PartitionRows, "partition-rows", cfg.PartitionRows, "partition: rows retained then pruned, a third each in events, deliveries and attempts")
+	flag.IntVar(&cfg.PartitionDays, "partition-days", cfg.PartitionDays, "partition: days the rows span (one partition a day)")
 	flag.IntVar(&cfg.SQLiteEvents, "sqlite-events", cfg.SQLiteEvents, "sqlite: backlog size")
 	flag.IntVar(&cfg.SQLiteConc, "sqlite-conc", cfg.SQLiteConc, "sqlite: requests in flight")
 	flag.IntVar(&cfg.SQLiteRounds, "sqlite-rounds", cfg.SQLiteRounds, "sqlite: rounds (alternating with the bare loop)")
@@ -339,6 +351,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 		{"latency", true, func() error { return partLatency(ctx, cfg, rep, p, rcv) }},
 		{"fairness", true, func() error { return partFairness(ctx, cfg, rep, p, rcv) }},
 		{"backlog", true, func() error { return partBacklog(ctx, cfg, rep, p, rcv) }},
+		{"partition", false, func() error { return partPartition(ctx, cfg, rep, p) }},
 		{"sqlite", false, func() error { return partSQLite(ctx, cfg, rep, p, rcv) }},
 		{"secrets", false, func() error { return partSecrets(ctx, cfg, rep, p, rcv) }},
 		{"signer", false, func() error { return partSigner(cfg, rep, p) }},

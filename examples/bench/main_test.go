@@ -38,6 +38,8 @@ func tinyConfig() config {
 		ClaimSamples:     3,
 		RSSEvents:        300,
 		RSSTimeout:       20 * time.Second,
+		PartitionRows:    3000,
+		PartitionDays:    2,
 		SQLiteEvents:     300,
 		SQLiteConc:       16,
 		SQLiteRounds:     1,
@@ -54,14 +56,15 @@ func tinyConfig() config {
 // TXHOOK_TEST_POSTGRES_DSN is set. The figures mean nothing.
 func TestPartsSmoke(t *testing.T) {
 	want := map[string][]string{
-		"enqueue":  {"Enqueue, lib/pq", "Enqueue, pgx"},
-		"drain":    {"drain, PostgreSQL (pgx), 16 in flight", "drain, PostgreSQL (pgx), 100 in flight"},
-		"latency":  {"latency at 200 events/s"},
-		"fairness": {"beside hostile tenants"},
-		"backlog":  {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog", "without a VACUUM since"},
-		"sqlite":   {"drain, SQLite"},
-		"secrets":  {"secrets encrypted at rest", "AES-256-GCM decryption"},
-		"signer":   {},
+		"enqueue":   {"Enqueue, lib/pq", "Enqueue, pgx"},
+		"drain":     {"drain, PostgreSQL (pgx), 16 in flight", "drain, PostgreSQL (pgx), 100 in flight"},
+		"latency":   {"latency at 200 events/s"},
+		"fairness":  {"beside hostile tenants"},
+		"backlog":   {"dispatch (new events", "retry claim (due deliveries)", "peak RSS", "drain of that backlog", "without a VACUUM since"},
+		"sqlite":    {"drain, SQLite"},
+		"partition": {"claim of 100 with", "lookup by delivery ID", "retention of 3,000 rows (2 days), time", "retention of 3,000 rows, WAL bytes"},
+		"secrets":   {"secrets encrypted at rest", "AES-256-GCM decryption"},
+		"signer":    {},
 	}
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {

@@ -128,238 +128,276 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 		if !b.Postgres() {
 			continue
 		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			db := testdb.Open(t, b)
-			ctx := context.Background()
-			var rnd [6]byte
-			_, _ = rand.Read(rnd[:])
-			schema := "txhook_custom_" + hex.EncodeToString(rnd[:])
-			t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })
-			s := store.New(db.DB, store.Postgres)
-			if err := s.SetSchema(schema); err != nil {
-				t.Fatal(err)
+		for _, partitioned := range []bool{false, true} {
+			name := b.Name
+			if partitioned {
+				name += "-partitioned"
 			}
-			defer s.Close()
-			if err := s.CheckSchema(ctx); !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), schema) {
-				t.Fatalf("CheckSchema before Migrate: %v", err)
+			t.Run(name, func(t *testing.T) { schemaEveryStatementQualified(t, b, partitioned) })
+		}
+	}
+}
+
+func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned bool) {
+	t.Parallel()
+	db := testdb.Open(t, b)
+	ctx := context.Background()
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	schema := "txhook_custom_" + hex.EncodeToString(rnd[:])
+	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA IF EXISTS "` + schema + `" CASCADE`) })
+	s := store.New(db.DB, store.Postgres)
+	if err := s.SetSchema(schema); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CheckSchema(ctx); !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), schema) {
+		t.Fatalf("CheckSchema before Migrate: %v", err)
+	}
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Prepare(ctx, append(append(s.EnqueueQueries(false), s.ClaimQueries()...), s.CompleteQueries()...)...); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ep := store.EndpointRow{ID: "ep_1", Tenant: "m", URL: "https://example.com/a", EventTypes: []byte(`[]`),
+		Secrets: []byte(`[{"secret":"whsec_x","expires_at":null}]`), Versions: []byte(`{}`), Enabled: true, CreatedAt: now, UpdatedAt: now}
+	ev := store.NewEvent{ID: "evt_1", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now}
+	keyed := store.NewEvent{ID: "evt_2", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, OrderingKey: "k", CreatedAt: now}
+	var claimed []store.Claimed
+	calls := map[string]func() error{
+		"CheckSchema": func() error { return s.CheckSchema(ctx) },
+		// Names no table; the test's DSN has the drivers' default
+		// settings, which it refuses.
+		"CheckPooler": func() error {
+			if err := s.CheckPooler(ctx); !errors.Is(err, store.ErrPoolerUnsafe) {
+				return fmt.Errorf("want ErrPoolerUnsafe, got %v", err)
 			}
-			if _, err := s.Migrate(ctx); err != nil {
-				t.Fatal(err)
+			return nil
+		},
+		"Migrate": func() error { _, err := s.Migrate(ctx); return err },
+		"Partition": func() error {
+			if !partitioned {
+				return nil
 			}
-			if err := s.Prepare(ctx, append(append(s.EnqueueQueries(false), s.ClaimQueries()...), s.CompleteQueries()...)...); err != nil {
-				t.Fatal(err)
+			return s.Partition(ctx, 24*time.Hour, 2, now)
+		},
+		"Partitioning": func() error {
+			pts, err := s.Partitioning(ctx)
+			if err == nil && (len(pts) == 3) != partitioned {
+				err = fmt.Errorf("Partitioning: %d tables", len(pts))
 			}
-			now := time.Now()
-			ep := store.EndpointRow{ID: "ep_1", Tenant: "m", URL: "https://example.com/a", EventTypes: []byte(`[]`),
-				Secrets: []byte(`[{"secret":"whsec_x","expires_at":null}]`), Versions: []byte(`{}`), Enabled: true, CreatedAt: now, UpdatedAt: now}
-			ev := store.NewEvent{ID: "evt_1", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now}
-			keyed := store.NewEvent{ID: "evt_2", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, OrderingKey: "k", CreatedAt: now}
-			var claimed []store.Claimed
-			calls := map[string]func() error{
-				"CheckSchema": func() error { return s.CheckSchema(ctx) },
-				// Names no table; the test's DSN has the drivers' default
-				// settings, which it refuses.
-				"CheckPooler": func() error {
-					if err := s.CheckPooler(ctx); !errors.Is(err, store.ErrPoolerUnsafe) {
-						return fmt.Errorf("want ErrPoolerUnsafe, got %v", err)
-					}
-					return nil
-				},
-				"Migrate":        func() error { _, err := s.Migrate(ctx); return err },
-				"InsertEndpoint": func() error { return s.InsertEndpoint(ctx, db.DB, ep) },
-				"UpdateEndpoint": func() error { return s.UpdateEndpoint(ctx, db.DB, ep) },
-				"GetEndpoint":    func() error { _, err := s.GetEndpoint(ctx, db.DB, ep.ID); return err },
-				"ListEndpoints": func() error {
-					_, err := s.ListEndpoints(ctx, "m", false)
-					if err == nil {
-						_, err = s.ListEndpoints(ctx, "", true)
-					}
-					return err
-				},
-				"ListEndpointsPage": func() error {
-					_, err := s.ListEndpointsPage(ctx, "m", &store.EndpointCursor{Tenant: "m", ID: "a"}, 10)
-					return err
-				},
-				"ModifySecrets": func() error {
-					return s.ModifySecrets(ctx, ep.ID, now, func(cur []byte) ([]byte, error) { return cur, nil })
-				},
-				"InsertEvent": func() error {
-					for _, e := range []store.NewEvent{ev, keyed} {
-						for _, notify := range []bool{false, true} {
-							if _, _, err := s.InsertEvent(ctx, s.SQLConn(db.DB), e, notify); err != nil {
-								return err
-							}
-						}
-					}
-					return nil
-				},
-				"InsertEvents": func() error {
-					batch := []store.NewEvent{{ID: "evt_b1", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now, DeliverAt: now.Add(time.Hour)},
-						{ID: "evt_b2", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now, TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
-					_, _, err := s.InsertEvents(ctx, s.SQLConn(db.DB), batch, true)
-					return err
-				},
-				"DeleteEvents":      func() error { return s.DeleteEvents(ctx, s.SQLConn(db.DB), []string{"evt_b1", "evt_b2"}) },
-				"ConflictingEvents": func() error { _, err := s.ConflictingEvents(ctx, s.SQLConn(db.DB), ev); return err },
-				"Dispatch": func() error {
-					c, err := s.Dispatch(ctx, "relay", now, time.Minute, 10)
-					claimed = append(claimed, c...)
-					return err
-				},
-				"DispatchKeyed": func() error {
-					c, err := s.DispatchKeyed(ctx, "relay", now, time.Minute, 10)
-					claimed = append(claimed, c...)
-					return err
-				},
-				"Claim":        func() error { _, err := s.Claim(ctx, "relay", now, time.Minute, 10); return err },
-				"BlockedLines": func() error { _, err := s.BlockedLines(ctx, 10); return err },
-				"Unblock": func() error {
-					_, err := s.Unblock(ctx, now, []store.OrderedPair{{Tenant: "m", EndpointID: ep.ID, Key: "k"}})
-					return err
-				},
-				"DBNow": func() error { _, err := s.DBNow(ctx); return err },
-				"Complete": func() error {
-					if len(claimed) != 2 {
-						return errors.New("dispatch claimed " + strings.Repeat("x", len(claimed)))
-					}
-					var cs []store.Completion
-					for _, c := range claimed {
-						cs = append(cs, store.Completion{ID: c.ID, Attempt: 1, State: store.StateDead, Attempts: 1, Record: true, Status: 500, Error: "HTTP 500",
-							Records: []store.AttemptRecord{{Attempt: 1, StartedAt: now, Duration: time.Millisecond, Status: 500, Error: "HTTP 500"}}})
-					}
-					res, err := s.Complete(ctx, "relay", now, cs)
-					if err == nil && len(res.Applied) != 2 {
-						err = errors.New("completions not applied")
-					}
-					return err
-				},
-				"Attempts":             func() error { _, err := s.Attempts(ctx, claimed[0].ID); return err },
-				"AttemptsOfDeliveries": func() error { _, err := s.AttemptsOfDeliveries(ctx, []int64{claimed[0].ID}); return err },
-				"Delivery":             func() error { _, err := s.Delivery(ctx, claimed[0].ID); return err },
-				"DeliveriesOfEvent":    func() error { _, err := s.DeliveriesOfEvent(ctx, ev.ID); return err },
-				"DeliveriesOfEndpoint": func() error { _, err := s.DeliveriesOfEndpoint(ctx, ep.ID, &store.DeliveryCursor{}, 10); return err },
-				"EndpointHealth": func() error {
-					_, err := s.EndpointHealth(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour))
-					return err
-				},
-				"Backlog":          func() error { _, err := s.Backlog(ctx); return err },
-				"Undispatched":     func() error { _, err := s.Undispatched(ctx); return err },
-				"SecretsPage":      func() error { _, err := s.SecretsPage(ctx, "", 10); return err },
-				"SecretKeySamples": func() error { _, err := s.SecretKeySamples(ctx); return err },
-				"RewriteSecrets": func() error {
-					_, err := s.RewriteSecrets(ctx, []string{ep.ID}, func(store.EndpointSecrets) (store.EndpointSecrets, error) { return store.EndpointSecrets{}, nil })
-					return err
-				},
-				"DeadLettersByEndpoint": func() error { _, err := s.DeadLettersByEndpoint(ctx); return err },
-				"ListDead": func() error {
-					_, err := s.ListDead(ctx, store.DeadFilter{Tenant: "m", EndpointID: ep.ID, EventType: "payment.succeeded"}, &store.DeadCursor{FailedAt: now.Add(time.Hour), DeliveryID: 1 << 40}, 10)
-					return err
-				},
-				"CountDead":    func() error { _, err := s.CountDead(ctx, store.DeadFilter{Since: now.Add(-time.Hour)}); return err },
-				"EventPayload": func() error { _, _, _, err := s.EventPayload(ctx, ev.ID); return err },
-				"DeadIDs":      func() error { _, err := s.DeadIDs(ctx, store.DeadFilter{}, 0, 10); return err },
-				"ReplayDead":   func() error { _, err := s.ReplayDead(ctx, []int64{claimed[0].ID}, now); return err },
-				"PurgeDead": func() error {
-					_, err := s.PurgeDead(ctx, store.DeadFilter{IDs: []int64{claimed[1].ID}}, 10)
-					return err
-				},
-				"RecordAttemptTimes": func() error {
-					_, err := s.RecordAttemptTimes(ctx, []store.AttemptTimes{{EndpointID: ep.ID, Failure: now}})
-					return err
-				},
-				"RepairHealth": func() error { _, err := s.RepairHealth(ctx, []string{ep.ID}, 10); return err },
-				"EndpointIDs":  func() error { _, err := s.EndpointIDs(ctx, true, "", 10); return err },
-				"DisableFailing": func() error {
-					_, _, err := s.DisableFailing(ctx, ep.ID, 0, now.Add(time.Hour), func(time.Time) string { return "failing" })
-					return err
-				},
-				"DisableGone":        func() error { _, _, err := s.DisableGone(ctx, ep.ID, now, now, "gone"); return err },
-				"SetEndpointEnabled": func() error { return s.SetEndpointEnabled(ctx, ep.ID, true, "", now) },
-				"RecoverCandidates": func() error {
-					_, err := s.RecoverCandidates(ctx, ep.ID, store.RecoverCursor{}, 10)
-					return err
-				},
-				"Recover": func() error {
-					_, err := s.Recover(ctx, ep.ID, []store.RecoverEvent{{ID: ev.ID, CreatedAt: now}}, now)
-					return err
-				},
-				"TenantEndpoint": func() error { _, err := s.TenantEndpoint(ctx, db.DB, "m", ep.ID); return err },
-				"TenantDelivery": func() error { _, err := s.TenantDelivery(ctx, "m", claimed[0].ID); return err },
-				"TenantEvent":    func() error { _, err := s.TenantEvent(ctx, "m", ev.ID); return err },
-				"TenantDeliveries": func() error {
-					_, err := s.TenantDeliveries(ctx, "m", store.DeliveryFilter{EndpointID: ep.ID, EventID: ev.ID, EventType: ev.Type, State: "dead",
-						Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.DeliveryCursor{CreatedAt: now.Add(time.Hour), ID: 1 << 40}, 10)
-					return err
-				},
-				"EachAttemptOf": func() error {
-					return s.EachAttemptOf(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour), func(time.Time, time.Duration, int) {})
-				},
-				"ExportTenant": func() error {
-					return s.ExportTenant(ctx, "m", store.ExportFilter{Since: now.Add(-time.Hour), Until: now.Add(time.Hour), EndpointID: ep.ID, EventType: ev.Type},
-						func(store.ExportRow) error { return nil })
-				},
-				"Resend": func() error {
-					a := store.AuditRow{At: now, Tenant: "m", Action: "delivery.resend"}
-					_, err := s.Resend(ctx, "m", claimed[1].ID, now, &a)
-					if err == nil {
-						_, err = s.Resend(ctx, "m", claimed[0].ID, now, &a)
-					}
-					return err
-				},
-				"InsertTargeted": func() error {
-					a := store.AuditRow{At: now, Tenant: "m", Action: "endpoint.send_test"}
-					_, err := s.InsertTargeted(ctx, store.NewEvent{ID: "txtest_1", Tenant: "m", Type: "t", Payload: `{}`, Version: 1, CreatedAt: now}, ep.ID, &a)
-					return err
-				},
-				"InsertAudit": func() error {
-					return s.InsertAudit(ctx, db.DB, store.AuditRow{At: now, Tenant: "m", Action: "x", Detail: []byte(`{"a":1}`)})
-				},
-				"ListAudit": func() error {
-					_, err := s.ListAudit(ctx, store.AuditFilter{Tenant: "m", Action: "x", Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.AuditCursor{At: now.Add(time.Hour), ID: 1 << 40}, 10)
-					return err
-				},
-				"PruneAudit":       func() error { _, err := s.PruneAudit(ctx, now.Add(time.Hour), 10); return err },
-				"PruneFinished":    func() error { _, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10); return err },
-				"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
-				"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
-				"DeleteEndpoint":   func() error { return s.DeleteEndpoint(ctx, ep.ID) },
+			return err
+		},
+		"EnsurePartitions": func() error { _, err := s.EnsurePartitions(ctx, now.Add(48*time.Hour)); return err },
+		"Partitions": func() error {
+			ps, err := s.Partitions(ctx)
+			if err == nil && partitioned && len(ps) != 3*5 {
+				err = fmt.Errorf("Partitions: %d", len(ps))
 			}
-			order := []string{"CheckSchema", "CheckPooler", "Migrate", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
-				"ModifySecrets", "InsertEvent", "InsertEvents", "DeleteEvents", "ConflictingEvents", "Dispatch", "DispatchKeyed", "Claim", "BlockedLines", "Unblock", "DBNow",
-				"Complete", "Attempts", "AttemptsOfDeliveries", "Delivery", "DeliveriesOfEvent", "DeliveriesOfEndpoint", "EndpointHealth",
-				"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
-				"RecordAttemptTimes", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
-				"RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
-				"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit", "PruneFinished", "PruneDeadLetters", "PruneEvents", "DeleteEndpoint"}
-			if len(order) != len(calls) {
-				t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
+			return err
+		},
+		"DropPartitions": func() error {
+			// Everything is old by then: the rows retention keeps
+			// move to DEFAULT, the rest go with the partitions.
+			d, err := s.DropPartitions(ctx, now.Add(30*24*time.Hour), 100, time.Minute)
+			if err == nil && partitioned && (len(d.Dropped) != 3*5 || d.Moved == 0) {
+				err = fmt.Errorf("DropPartitions: %+v", d)
 			}
-			for _, name := range order {
-				if err := calls[name](); err != nil {
-					t.Fatalf("%s: %v", name, err)
+			return err
+		},
+		"InsertEndpoint": func() error { return s.InsertEndpoint(ctx, db.DB, ep) },
+		"UpdateEndpoint": func() error { return s.UpdateEndpoint(ctx, db.DB, ep) },
+		"GetEndpoint":    func() error { _, err := s.GetEndpoint(ctx, db.DB, ep.ID); return err },
+		"ListEndpoints": func() error {
+			_, err := s.ListEndpoints(ctx, "m", false)
+			if err == nil {
+				_, err = s.ListEndpoints(ctx, "", true)
+			}
+			return err
+		},
+		"ListEndpointsPage": func() error {
+			_, err := s.ListEndpointsPage(ctx, "m", &store.EndpointCursor{Tenant: "m", ID: "a"}, 10)
+			return err
+		},
+		"ModifySecrets": func() error {
+			return s.ModifySecrets(ctx, ep.ID, now, func(cur []byte) ([]byte, error) { return cur, nil })
+		},
+		"InsertEvent": func() error {
+			for _, e := range []store.NewEvent{ev, keyed} {
+				for _, notify := range []bool{false, true} {
+					if _, _, err := s.InsertEvent(ctx, s.SQLConn(db.DB), e, notify); err != nil {
+						return err
+					}
 				}
 			}
+			return nil
+		},
+		"InsertEvents": func() error {
+			batch := []store.NewEvent{{ID: "evt_b1", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now, DeliverAt: now.Add(time.Hour)},
+				{ID: "evt_b2", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now, TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+			_, _, err := s.InsertEvents(ctx, s.SQLConn(db.DB), batch, true)
+			return err
+		},
+		"DeleteEvents":      func() error { return s.DeleteEvents(ctx, s.SQLConn(db.DB), []string{"evt_b1", "evt_b2"}) },
+		"ConflictingEvents": func() error { _, err := s.ConflictingEvents(ctx, s.SQLConn(db.DB), ev); return err },
+		"Dispatch": func() error {
+			c, err := s.Dispatch(ctx, "relay", now, time.Minute, 10)
+			claimed = append(claimed, c...)
+			return err
+		},
+		"DispatchKeyed": func() error {
+			c, err := s.DispatchKeyed(ctx, "relay", now, time.Minute, 10)
+			claimed = append(claimed, c...)
+			return err
+		},
+		"Claim":        func() error { _, err := s.Claim(ctx, "relay", now, time.Minute, 10); return err },
+		"BlockedLines": func() error { _, err := s.BlockedLines(ctx, 10); return err },
+		"Unblock": func() error {
+			_, err := s.Unblock(ctx, now, []store.OrderedPair{{Tenant: "m", EndpointID: ep.ID, Key: "k"}})
+			return err
+		},
+		"DBNow": func() error { _, err := s.DBNow(ctx); return err },
+		"Complete": func() error {
+			if len(claimed) != 2 {
+				return errors.New("dispatch claimed " + strings.Repeat("x", len(claimed)))
+			}
+			var cs []store.Completion
+			for _, c := range claimed {
+				cs = append(cs, store.Completion{ID: c.ID, Attempt: 1, State: store.StateDead, Attempts: 1, Record: true, Status: 500, Error: "HTTP 500",
+					Records: []store.AttemptRecord{{Attempt: 1, StartedAt: now, Duration: time.Millisecond, Status: 500, Error: "HTTP 500"}}})
+			}
+			res, err := s.Complete(ctx, "relay", now, cs)
+			if err == nil && len(res.Applied) != 2 {
+				err = errors.New("completions not applied")
+			}
+			return err
+		},
+		"Attempts":             func() error { _, err := s.Attempts(ctx, claimed[0].ID); return err },
+		"AttemptsOfDeliveries": func() error { _, err := s.AttemptsOfDeliveries(ctx, []int64{claimed[0].ID}); return err },
+		"Delivery":             func() error { _, err := s.Delivery(ctx, claimed[0].ID); return err },
+		"DeliveriesOfEvent":    func() error { _, err := s.DeliveriesOfEvent(ctx, ev.ID); return err },
+		"DeliveriesOfEndpoint": func() error { _, err := s.DeliveriesOfEndpoint(ctx, ep.ID, &store.DeliveryCursor{}, 10); return err },
+		"EndpointHealth": func() error {
+			_, err := s.EndpointHealth(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour))
+			return err
+		},
+		"Backlog":          func() error { _, err := s.Backlog(ctx); return err },
+		"Undispatched":     func() error { _, err := s.Undispatched(ctx); return err },
+		"SecretsPage":      func() error { _, err := s.SecretsPage(ctx, "", 10); return err },
+		"SecretKeySamples": func() error { _, err := s.SecretKeySamples(ctx); return err },
+		"RewriteSecrets": func() error {
+			_, err := s.RewriteSecrets(ctx, []string{ep.ID}, func(store.EndpointSecrets) (store.EndpointSecrets, error) { return store.EndpointSecrets{}, nil })
+			return err
+		},
+		"DeadLettersByEndpoint": func() error { _, err := s.DeadLettersByEndpoint(ctx); return err },
+		"ListDead": func() error {
+			_, err := s.ListDead(ctx, store.DeadFilter{Tenant: "m", EndpointID: ep.ID, EventType: "payment.succeeded"}, &store.DeadCursor{FailedAt: now.Add(time.Hour), DeliveryID: 1 << 40}, 10)
+			return err
+		},
+		"CountDead":    func() error { _, err := s.CountDead(ctx, store.DeadFilter{Since: now.Add(-time.Hour)}); return err },
+		"EventPayload": func() error { _, _, _, err := s.EventPayload(ctx, ev.ID); return err },
+		"DeadIDs":      func() error { _, err := s.DeadIDs(ctx, store.DeadFilter{}, 0, 10); return err },
+		"ReplayDead":   func() error { _, err := s.ReplayDead(ctx, []int64{claimed[0].ID}, now); return err },
+		"PurgeDead": func() error {
+			_, err := s.PurgeDead(ctx, store.DeadFilter{IDs: []int64{claimed[1].ID}}, 10)
+			return err
+		},
+		"RecordAttemptTimes": func() error {
+			_, err := s.RecordAttemptTimes(ctx, []store.AttemptTimes{{EndpointID: ep.ID, Failure: now}})
+			return err
+		},
+		"RepairHealth": func() error { _, err := s.RepairHealth(ctx, []string{ep.ID}, 10); return err },
+		"EndpointIDs":  func() error { _, err := s.EndpointIDs(ctx, true, "", 10); return err },
+		"DisableFailing": func() error {
+			_, _, err := s.DisableFailing(ctx, ep.ID, 0, now.Add(time.Hour), func(time.Time) string { return "failing" })
+			return err
+		},
+		"DisableGone":        func() error { _, _, err := s.DisableGone(ctx, ep.ID, now, now, "gone"); return err },
+		"SetEndpointEnabled": func() error { return s.SetEndpointEnabled(ctx, ep.ID, true, "", now) },
+		"RecoverCandidates": func() error {
+			_, err := s.RecoverCandidates(ctx, ep.ID, store.RecoverCursor{}, 10)
+			return err
+		},
+		"Recover": func() error {
+			_, err := s.Recover(ctx, ep.ID, []store.RecoverEvent{{ID: ev.ID, CreatedAt: now}}, now)
+			return err
+		},
+		"PruneFinished":    func() error { _, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10); return err },
+		"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
+		"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
+		"TenantEndpoint":   func() error { _, err := s.TenantEndpoint(ctx, db.DB, "m", ep.ID); return err },
+		"TenantDelivery":   func() error { _, err := s.TenantDelivery(ctx, "m", claimed[0].ID); return err },
+		"TenantEvent":      func() error { _, err := s.TenantEvent(ctx, "m", ev.ID); return err },
+		"TenantDeliveries": func() error {
+			_, err := s.TenantDeliveries(ctx, "m", store.DeliveryFilter{EndpointID: ep.ID, EventID: ev.ID, EventType: ev.Type, State: "dead",
+				Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.DeliveryCursor{CreatedAt: now.Add(time.Hour), ID: 1 << 40}, 10)
+			return err
+		},
+		"EachAttemptOf": func() error {
+			return s.EachAttemptOf(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour), func(time.Time, time.Duration, int) {})
+		},
+		"ExportTenant": func() error {
+			return s.ExportTenant(ctx, "m", store.ExportFilter{Since: now.Add(-time.Hour), Until: now.Add(time.Hour), EndpointID: ep.ID, EventType: ev.Type},
+				func(store.ExportRow) error { return nil })
+		},
+		"Resend": func() error {
+			a := store.AuditRow{At: now, Tenant: "m", Action: "delivery.resend"}
+			_, err := s.Resend(ctx, "m", claimed[1].ID, now, &a)
+			if err == nil {
+				_, err = s.Resend(ctx, "m", claimed[0].ID, now, &a)
+			}
+			return err
+		},
+		"InsertTargeted": func() error {
+			a := store.AuditRow{At: now, Tenant: "m", Action: "endpoint.send_test"}
+			_, err := s.InsertTargeted(ctx, store.NewEvent{ID: "txtest_1", Tenant: "m", Type: "t", Payload: `{}`, Version: 1, CreatedAt: now}, ep.ID, &a)
+			return err
+		},
+		"InsertAudit": func() error {
+			return s.InsertAudit(ctx, db.DB, store.AuditRow{At: now, Tenant: "m", Action: "x", Detail: []byte(`{"a":1}`)})
+		},
+		"ListAudit": func() error {
+			_, err := s.ListAudit(ctx, store.AuditFilter{Tenant: "m", Action: "x", Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.AuditCursor{At: now.Add(time.Hour), ID: 1 << 40}, 10)
+			return err
+		},
+		"PruneAudit":     func() error { _, err := s.PruneAudit(ctx, now.Add(time.Hour), 10); return err },
+		"DeleteEndpoint": func() error { return s.DeleteEndpoint(ctx, ep.ID) },
+	}
+	order := []string{"CheckSchema", "CheckPooler", "Migrate", "Partition", "Partitioning", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
+		"ModifySecrets", "InsertEvent", "InsertEvents", "DeleteEvents", "ConflictingEvents", "Dispatch", "DispatchKeyed", "Claim", "BlockedLines", "Unblock", "DBNow",
+		"Complete", "Attempts", "AttemptsOfDeliveries", "Delivery", "DeliveriesOfEvent", "DeliveriesOfEndpoint", "EndpointHealth",
+		"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
+		"RecordAttemptTimes", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
+		"RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
+		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
+	if len(order) != len(calls) {
+		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
+	}
+	for _, name := range order {
+		if err := calls[name](); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
 
-			// Methods that run no statement of their own.
-			noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
-				"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
-				"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true}
-			var missing []string
-			typ := reflect.TypeFor[*store.Store]()
-			for i := range typ.NumMethod() {
-				if m := typ.Method(i).Name; calls[m] == nil && !noSQL[m] {
-					missing = append(missing, m)
-				}
-			}
-			sort.Strings(missing)
-			if len(missing) > 0 {
-				t.Errorf("Store methods this test does not call with a schema set: %v", missing)
-			}
+	// Methods that run no statement of their own.
+	noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
+		"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
+		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true}
+	var missing []string
+	typ := reflect.TypeFor[*store.Store]()
+	for i := range typ.NumMethod() {
+		if m := typ.Method(i).Name; calls[m] == nil && !noSQL[m] {
+			missing = append(missing, m)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("Store methods this test does not call with a schema set: %v", missing)
+	}
 
-			if got := db.SchemaDump(t); got != "" {
-				t.Fatalf("txhook objects outside schema %s:\n%s", schema, got)
-			}
-		})
+	if got := db.SchemaDump(t); got != "" {
+		t.Fatalf("txhook objects outside schema %s:\n%s", schema, got)
 	}
 }
