@@ -114,10 +114,12 @@ func TestPartitionedRetentionDropsOnlyFinishedRows(t *testing.T) {
 		}
 
 		// Ten days on, the day-0 partitions are past the 7-day retention.
-		// With room to move two rows only, none is dropped: each has more
-		// to keep. Row-by-row pruning still removes the finished rows.
+		// With room to move one row only, none is dropped: each has more
+		// to keep (the attempts partition holds just the two failed
+		// attempts: first attempts that succeed are kept in their delivery
+		// rows). Row-by-row pruning still removes the finished rows.
 		fake.Advance(10 * 24 * time.Hour)
-		outbox.SetMaxMovedPerPartition(b.ob, 2)
+		outbox.SetMaxMovedPerPartition(b.ob, 1)
 		p, err := b.ob.Prune(b.ctx, outbox.Retention{})
 		outbox.SetMaxMovedPerPartition(b.ob, 0)
 		if err != nil {

@@ -167,14 +167,74 @@ func (s *Store) Partition(ctx context.Context, iv time.Duration, ahead int, now 
 		if _, err := q.ExecContext(ctx, s.Rebind(partitionsTable)); err != nil {
 			return err
 		}
+		views, err := s.dropDependentViews(ctx, q)
+		if err != nil {
+			return fmt.Errorf("txhook: partition: %w", err)
+		}
 		for _, k := range PartitionKeys {
 			if err := s.partitionTable(ctx, q, k.Table, k.Column, iv, ahead); err != nil {
 				return fmt.Errorf("txhook: partition %s: %w", k.Table, err)
 			}
 		}
-		_, err := s.ensurePartitions(ctx, q, now)
+		for _, v := range views {
+			if _, err := q.ExecContext(ctx, `CREATE VIEW `+v[0]+` AS `+v[1]); err != nil {
+				return fmt.Errorf("txhook: partition: recreate view %s: %w", v[0], err)
+			}
+		}
+		_, err = s.ensurePartitions(ctx, q, now)
 		return err
 	})
+}
+
+// dropDependentViews drops the views that read the tables of
+// PartitionKeys (txhook_attempt_log, since migration 008, and any of the
+// host's own) and returns each one's name and definition, to be created
+// again on the partitioned tables of the same names: a table a view reads
+// cannot be dropped, and a view follows its table through a rename. Views
+// on views are not expected; their owner and grants are not kept.
+func (s *Store) dropDependentViews(ctx context.Context, q Querier) ([][2]string, error) {
+	var tables []string
+	for _, k := range PartitionKeys {
+		tables = append(tables, s.prefix+k.Table)
+	}
+	rows, err := q.QueryContext(ctx, `SELECT DISTINCT v.oid::regclass::text, pg_get_viewdef(v.oid)
+FROM pg_depend d
+JOIN pg_rewrite r ON r.oid = d.objid
+JOIN pg_class v ON v.oid = r.ev_class
+WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+  AND v.relkind = 'v' AND v.oid <> d.refobjid
+  AND d.refobjid IN (SELECT to_regclass(t) FROM unnest($1::text[]) t)`, "{"+strings.Join(quoteArray(tables), ",")+"}")
+	if err != nil {
+		return nil, err
+	}
+	var views [][2]string
+	for rows.Next() {
+		var v [2]string
+		if err := rows.Scan(&v[0], &v[1]); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		views = append(views, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, v := range views {
+		if _, err := q.ExecContext(ctx, `DROP VIEW `+v[0]); err != nil {
+			return nil, err
+		}
+	}
+	return views, nil
+}
+
+// quoteArray quotes each element for a PostgreSQL array literal.
+func quoteArray(xs []string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(x) + `"`
+	}
+	return out
 }
 
 // indexDef is one index of a table as the catalog describes it.
