@@ -70,6 +70,7 @@ type Relay struct {
 
 type relayCounters struct {
 	claimed, succeeded, failed, dead, released, refused, lost atomic.Uint64
+	polls, emptyPolls                                         atomic.Uint64
 }
 
 // RelayStats counts what a relay has done since it started.
@@ -87,6 +88,12 @@ type RelayStats struct {
 	// delivery over, or the write kept failing until the lease ended (or
 	// the relay stopped), so the next holder records the attempt as lapsed.
 	LeaseLost uint64
+	// Polls counts claim rounds (each up to three statements: new events,
+	// new events with an ordering key, due deliveries) and EmptyPolls those
+	// that found nothing to claim: the database work relays spend looking
+	// for work when there is less than they can take, which grows with the
+	// number of relays sharing an outbox.
+	Polls, EmptyPolls uint64
 
 	// InFlight is how many requests the relay has under way now, and
 	// Waiting how many claimed deliveries wait in its memory to start (each
@@ -103,7 +110,8 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
 		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), Refused: r.stats.refused.Load(),
-		LeaseLost: r.stats.lost.Load(), InFlight: inFlight, Waiting: waiting,
+		LeaseLost: r.stats.lost.Load(), Polls: r.stats.polls.Load(), EmptyPolls: r.stats.emptyPolls.Load(),
+		InFlight: inFlight, Waiting: waiting,
 	}
 }
 
@@ -448,6 +456,12 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		}
 		got += len(batch)
 	}
+	r.stats.polls.Add(1)
+	defer func() {
+		if got == 0 {
+			r.stats.emptyPolls.Add(1)
+		}
+	}()
 	fresh, err := r.st.Dispatch(ctx, r.cfg.ID, start, r.cfg.Lease, n)
 	if err != nil {
 		return 0, err

@@ -375,3 +375,27 @@ FROM txhook_deliveries d`)
 		})
 	}
 }
+
+// Relay.Stats counts claim rounds and those that found nothing, the work
+// an idle relay (or one of many sharing a small load) spends polling.
+func TestRelayStatsCountPolls(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		b := setup(t, db, outbox.Config{})
+		rc := newReceiver(t, nil)
+		b.endpoint("m", rc.URL)
+		r := b.relay(outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+		b.eventually("an empty poll", func() bool { return r.Stats().EmptyPolls >= 2 })
+		idle := r.Stats()
+		if idle.Polls < idle.EmptyPolls || idle.Claimed != 0 {
+			t.Fatalf("idle relay: %+v", idle)
+		}
+		for range 3 {
+			b.enqueue(outbox.Event{Tenant: "m", Type: "t", Payload: []byte(`{}`)})
+		}
+		b.eventually("3 deliveries", func() bool { return r.Stats().Succeeded == 3 })
+		st := r.Stats()
+		if took := (st.Polls - idle.Polls) - (st.EmptyPolls - idle.EmptyPolls); took < 1 || took > 3 {
+			t.Fatalf("%d polls took something for 3 events: before %+v, after %+v", took, idle, st)
+		}
+	})
+}
