@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/txhook/txhook/internal/pgcluster"
 )
 
 // TestMain lets the backlog part start this test binary as its relay
@@ -46,6 +48,11 @@ func tinyConfig() config {
 		SecretsConc:      16,
 		SecretsRounds:    1,
 		SignerBenchtime:  5 * time.Millisecond,
+		RelaysCounts:     []int{1, 2},
+		RelaysEvents:     300,
+		RelaysRate:       200,
+		RelaysSteady:     time.Second,
+		RelaysRounds:     1,
 	}
 }
 
@@ -62,11 +69,16 @@ func TestPartsSmoke(t *testing.T) {
 		"sqlite":   {"drain, SQLite"},
 		"secrets":  {"secrets encrypted at rest", "AES-256-GCM decryption"},
 		"signer":   {},
+		"relays":   {"relays: 1 relay process(es)", "relays: 2 relay process(es)", "relays: 2 relay(s) at a steady"},
 	}
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {
 			cfg := tinyConfig()
-			if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
+			if part == "relays" {
+				if _, err := pgcluster.Available(); err != nil {
+					t.Skipf("relays part skipped: it starts its own cluster: %v", err)
+				}
+			} else if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
 				t.Skip("PostgreSQL part skipped: set TXHOOK_TEST_POSTGRES_DSN to run it")
 			}
 			cfg.Parts = []string{part}
