@@ -266,7 +266,7 @@ func main() {
 func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 	p := newProgress(progress)
 	rep := newReport(ctx, cfg)
-	if cfg.DSN == "" {
+	if cfg.DSN == "" && (cfg.has("enqueue") || cfg.has("drain") || cfg.has("latency") || cfg.has("fairness") || cfg.has("backlog")) {
 		rep.note("PostgreSQL parts skipped: %s is not set.", EnvDSN)
 	}
 	rcv, err := startReceiver()

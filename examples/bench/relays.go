@@ -194,7 +194,7 @@ func relaysReport(cfg config, rep *report, backlog, steady map[int][]relaysRun) 
 				for _, t := range relaysTables {
 					fmt.Fprintf(&d, " %s %.0f B", strings.TrimPrefix(t, "txhook_"), r.sizes[t])
 				}
-				fmt.Fprintf(&d, "\n  relays' backends sampled active %d times; waiting on: %s\n", r.samples, waitSummary(r.waits))
+				fmt.Fprintf(&d, "\n  backends sampled active %d times; waiting on: %s\n", r.samples, waitSummary(r.waits))
 				for _, s := range r.statements {
 					fmt.Fprintf(&d, "  %6.1f calls/1k deliveries, %6.1f rows/call, %.3f ms/call, %5.0f B WAL/call: %s\n",
 						1000*float64(s.calls)/float64(r.events), float64(s.rows)/float64(max(s.calls, 1)), s.totalMS/float64(max(s.calls, 1)),
@@ -228,7 +228,10 @@ func waitSummary(w map[string]int) string {
 	sort.Slice(xs, func(i, j int) bool { return xs[i].v > xs[j].v || xs[i].v == xs[j].v && xs[i].k < xs[j].k })
 	var parts []string
 	for i, x := range xs {
-		if i == 6 {
+		if i > 0 && i%2 == 0 {
+			parts[len(parts)-1] += "\n   "
+		}
+		if i == 8 {
 			break
 		}
 		parts = append(parts, fmt.Sprintf("%s %d", x.k, x.v))
@@ -264,7 +267,11 @@ func relaysOnce(ctx context.Context, cfg config, admin *sql.DB, base string, rcv
 	}
 	s.db.SetMaxIdleConns(16)
 
-	procs, err := startRelayProcs(ctx, s.dsn, n)
+	relayDSN, err := withParams(s.dsn, map[string]string{"application_name": s.name + "_relay"})
+	if err != nil {
+		return res, err
+	}
+	procs, err := startRelayProcs(ctx, relayDSN, n)
 	if err != nil {
 		return res, err
 	}
@@ -378,8 +385,10 @@ func relaysOnce(ctx context.Context, cfg config, admin *sql.DB, base string, rcv
 		res.lost += st.lost
 	}
 	s.db.SetMaxIdleConns(0)
-	if err := waitBackendsGone(ctx, admin, s.name); err != nil {
-		return res, err
+	for _, app := range []string{s.name, s.name + "_relay"} {
+		if err := waitBackendsGone(ctx, admin, app); err != nil {
+			return res, err
+		}
 	}
 	rowsAfter, err := tableWrites(ctx, admin, s.name)
 	if err != nil {
@@ -561,9 +570,10 @@ func clusterTicks(postmaster int) int64 {
 	return total
 }
 
-// waitSampler samples the wait events of the active backends named
-// appName every 10 ms: lock waits show claims queueing on each other's
-// rows, which SKIP LOCKED should make none.
+// waitSampler samples the wait events of the active backends of a run
+// (application_name appName for the enqueuing pool, appName_relay for the
+// relay processes) every 10 ms: lock waits show statements queueing on
+// each other's rows, which SKIP LOCKED keeps out of the claims.
 type waitSampler struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -584,17 +594,22 @@ func startWaitSampler(ctx context.Context, admin *sql.DB, appName string) *waitS
 				return
 			case <-tick.C:
 			}
-			rows, err := admin.QueryContext(ctx, `SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
-WHERE application_name = $1 AND state = 'active' AND pid <> pg_backend_pid()`, appName)
+			// Who waits (relay or enqueue connections), on what, in which
+			// statement (its first words).
+			rows, err := admin.QueryContext(ctx, `SELECT CASE WHEN application_name = $1 THEN 'enqueue' ELSE 'relay' END,
+    wait_event_type || ':' || wait_event, regexp_replace(left(query, 24), '\s+', ' ', 'g')
+FROM pg_stat_activity
+WHERE application_name IN ($1, $1 || '_relay') AND state = 'active' AND pid <> pg_backend_pid()`, appName)
 			if err != nil {
 				continue
 			}
 			for rows.Next() {
-				var ev string
-				if rows.Scan(&ev) == nil {
+				var who, q string
+				var ev sql.NullString
+				if rows.Scan(&who, &ev, &q) == nil {
 					w.samples++
-					if ev != "CPU" && ev != "Client:ClientRead" {
-						w.waits[ev]++
+					if ev.Valid {
+						w.waits[who+" "+ev.String+" in \""+q+"…\""]++
 					}
 				}
 			}
