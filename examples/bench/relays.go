@@ -55,6 +55,8 @@ type relaysRun struct {
 	perRelay       []uint64
 	waits          map[string]int // wait events seen on the relays' active backends
 	samples        int            // active-backend samples taken
+	claimSamples   int            // of which claim statements
+	claimLockWaits int            // of which waiting on a lock
 	statements     []stmtStat
 	lagEnd         time.Duration // steady: last delivery after the last commit
 }
@@ -150,25 +152,25 @@ func relaysReport(cfg config, rep *report, backlog, steady map[int][]relaysRun) 
 		}
 		rep.add(x)
 		rep.add(row{
-			Part: fmt.Sprintf("… %d relay(s): CPU per delivery, PostgreSQL (all server processes) + relay processes (µs); WAL per delivery; polls per 1,000 deliveries (empty)", n),
-			Value: fmt.Sprintf("%.0f + %.0f µs; %.0f B; %.1f (%.1f)",
+			Part: fmt.Sprintf("… %d relay(s): CPU per delivery, PostgreSQL (all server processes) + relay processes (µs); WAL per delivery; polls per 1,000 deliveries (empty); claim statements seen waiting on a lock", n),
+			Value: fmt.Sprintf("%.0f + %.0f µs; %.0f B; %.1f (%.1f); %s",
 				med(rs, func(r relaysRun) float64 { return r.pgUS }), med(rs, func(r relaysRun) float64 { return r.relayUS }),
 				med(rs, func(r relaysRun) float64 { return r.walB }),
 				med(rs, func(r relaysRun) float64 { return 1000 * float64(r.polls) / float64(r.events) }),
-				med(rs, func(r relaysRun) float64 { return 1000 * float64(r.empty) / float64(r.events) })),
+				med(rs, func(r relaysRun) float64 { return 1000 * float64(r.empty) / float64(r.events) }), claimLocks(rs)),
 		})
 	}
 	for _, n := range cfg.RelaysCounts {
 		rs := steady[n]
 		rep.add(row{
-			Part: fmt.Sprintf("relays: %d relay(s) at a steady %s events/s for %s: delivered/s; CPU per event PostgreSQL + relays (µs, enqueue included); WAL per event; polls per 1,000 events (empty)",
+			Part: fmt.Sprintf("relays: %d relay(s) at a steady %s events/s for %s: delivered/s; CPU per event PostgreSQL + relays (µs, enqueue included); WAL per event; polls per 1,000 events (empty); claim statements seen waiting on a lock",
 				n, commas(int64(cfg.RelaysRate)), cfg.RelaysSteady),
-			Value: fmt.Sprintf("%s/s; %.0f + %.0f µs; %.0f B; %.0f (%.0f)",
+			Value: fmt.Sprintf("%s/s; %.0f + %.0f µs; %.0f B; %.0f (%.0f); %s",
 				rate(med(rs, func(r relaysRun) float64 { return r.rate })),
 				med(rs, func(r relaysRun) float64 { return r.pgUS }), med(rs, func(r relaysRun) float64 { return r.relayUS }),
 				med(rs, func(r relaysRun) float64 { return r.walB }),
 				med(rs, func(r relaysRun) float64 { return 1000 * float64(r.polls) / float64(r.events) }),
-				med(rs, func(r relaysRun) float64 { return 1000 * float64(r.empty) / float64(r.events) })),
+				med(rs, func(r relaysRun) float64 { return 1000 * float64(r.empty) / float64(r.events) }), claimLocks(rs)),
 		})
 	}
 	var d strings.Builder
@@ -194,7 +196,8 @@ func relaysReport(cfg config, rep *report, backlog, steady map[int][]relaysRun) 
 				for _, t := range relaysTables {
 					fmt.Fprintf(&d, " %s %.0f B", strings.TrimPrefix(t, "txhook_"), r.sizes[t])
 				}
-				fmt.Fprintf(&d, "\n  backends sampled active %d times; waiting on: %s\n", r.samples, waitSummary(r.waits))
+				fmt.Fprintf(&d, "\n  backends sampled active %d times, claim statements %d times (waiting on a lock %d); most frequent waits:%s\n",
+					r.samples, r.claimSamples, r.claimLockWaits, waitSummary(r.waits))
 				for _, s := range r.statements {
 					fmt.Fprintf(&d, "  %6.1f calls/1k deliveries, %6.1f rows/call, %.3f ms/call, %5.0f B WAL/call: %s\n",
 						1000*float64(s.calls)/float64(r.events), float64(s.rows)/float64(max(s.calls, 1)), s.totalMS/float64(max(s.calls, 1)),
@@ -204,6 +207,16 @@ func relaysReport(cfg config, rep *report, backlog, steady map[int][]relaysRun) 
 		}
 	}
 	rep.section("Relay processes (one PostgreSQL cluster of their own)", d.String())
+}
+
+// claimLocks sums, over rs, the claim statements sampled waiting on a lock
+// and all claim samples.
+func claimLocks(rs []relaysRun) string {
+	var w, n int
+	for _, r := range rs {
+		w, n = w+r.claimLockWaits, n+r.claimSamples
+	}
+	return fmt.Sprintf("%d of %d samples", w, n)
 }
 
 func pct(a, b uint64) float64 {
@@ -226,17 +239,14 @@ func waitSummary(w map[string]int) string {
 		xs = append(xs, kv{k, v})
 	}
 	sort.Slice(xs, func(i, j int) bool { return xs[i].v > xs[j].v || xs[i].v == xs[j].v && xs[i].k < xs[j].k })
-	var parts []string
+	var b strings.Builder
 	for i, x := range xs {
-		if i > 0 && i%2 == 0 {
-			parts[len(parts)-1] += "\n   "
-		}
 		if i == 8 {
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%s %d", x.k, x.v))
+		fmt.Fprintf(&b, "\n    %5d %s", x.v, x.k)
 	}
-	return strings.Join(parts, ", ")
+	return b.String()
 }
 
 // relaysOnce runs n relay processes on a fresh schema: on a backlog of
@@ -362,7 +372,8 @@ func relaysOnce(ctx context.Context, cfg config, admin *sql.DB, base string, rcv
 	if err := admin.QueryRowContext(ctx, "SELECT pg_current_wal_lsn() - $1::pg_lsn", lsn0).Scan(&walBytes); err != nil {
 		return res, err
 	}
-	res.waits, res.samples = smp.stop()
+	smp.stop()
+	res.waits, res.samples, res.claimSamples, res.claimLockWaits = smp.waits, smp.samples, smp.claimSamples, smp.claimLockWaits
 	res.rate = float64(total) / res.took.Seconds()
 	res.pgUS = float64(pg1-pg0) / clockTicks * 1e6 / float64(total)
 	res.relayUS = float64(relay1-relay0) / clockTicks * 1e6 / float64(total)
@@ -579,6 +590,9 @@ type waitSampler struct {
 	done    chan struct{}
 	waits   map[string]int
 	samples int
+	// claimSamples counts samples of claim statements (FOR UPDATE SKIP
+	// LOCKED) and claimLockWaits those waiting on a heavyweight lock.
+	claimSamples, claimLockWaits int
 }
 
 func startWaitSampler(ctx context.Context, admin *sql.DB, appName string) *waitSampler {
@@ -596,7 +610,8 @@ func startWaitSampler(ctx context.Context, admin *sql.DB, appName string) *waitS
 			}
 			// Who waits (relay or enqueue connections), on what, in which
 			// statement (its first words).
-			rows, err := admin.QueryContext(ctx, `SELECT CASE WHEN application_name = $1 THEN 'enqueue' ELSE 'relay' END,
+			rows, err := admin.QueryContext(ctx, `SELECT CASE WHEN application_name = $1 THEN 'enqueue'
+        WHEN query LIKE '%SKIP LOCKED%' THEN 'relay claim' ELSE 'relay' END,
     wait_event_type || ':' || wait_event, regexp_replace(left(query, 24), '\s+', ' ', 'g')
 FROM pg_stat_activity
 WHERE application_name IN ($1, $1 || '_relay') AND state = 'active' AND pid <> pg_backend_pid()`, appName)
@@ -608,6 +623,12 @@ WHERE application_name IN ($1, $1 || '_relay') AND state = 'active' AND pid <> p
 				var ev sql.NullString
 				if rows.Scan(&who, &ev, &q) == nil {
 					w.samples++
+					if who == "relay claim" {
+						w.claimSamples++
+						if strings.HasPrefix(ev.String, "Lock:") {
+							w.claimLockWaits++
+						}
+					}
 					if ev.Valid {
 						w.waits[who+" "+ev.String+" in \""+q+"…\""]++
 					}
@@ -619,10 +640,10 @@ WHERE application_name IN ($1, $1 || '_relay') AND state = 'active' AND pid <> p
 	return w
 }
 
-func (w *waitSampler) stop() (map[string]int, int) {
+func (w *waitSampler) stop() *waitSampler {
 	w.cancel()
 	<-w.done
-	return w.waits, w.samples
+	return w
 }
 
 // relayProc is a relay process started by startRelayProcs.
