@@ -57,6 +57,7 @@ type relaysRun struct {
 	samples        int            // active-backend samples taken
 	claimSamples   int            // of which claim statements
 	claimLockWaits int            // of which waiting on a lock
+	claimLocks     map[string]int // those by lock type
 	statements     []stmtStat
 	lagEnd         time.Duration // steady: last delivery after the last commit
 }
@@ -196,8 +197,8 @@ func relaysReport(cfg config, rep *report, backlog, steady map[int][]relaysRun) 
 				for _, t := range relaysTables {
 					fmt.Fprintf(&d, " %s %.0f B", strings.TrimPrefix(t, "txhook_"), r.sizes[t])
 				}
-				fmt.Fprintf(&d, "\n  backends sampled active %d times, claim statements %d times (waiting on a lock %d); most frequent waits:%s\n",
-					r.samples, r.claimSamples, r.claimLockWaits, waitSummary(r.waits))
+				fmt.Fprintf(&d, "\n  backends sampled active %d times, claim statements %d times (waiting on a lock %d:%s)\n  most frequent waits:%s\n",
+					r.samples, r.claimSamples, r.claimLockWaits, strings.ReplaceAll(waitSummary(r.claimLocks), "\n   ", ""), waitSummary(r.waits))
 				for _, s := range r.statements {
 					fmt.Fprintf(&d, "  %6.1f calls/1k deliveries, %6.1f rows/call, %.3f ms/call, %5.0f B WAL/call: %s\n",
 						1000*float64(s.calls)/float64(r.events), float64(s.rows)/float64(max(s.calls, 1)), s.totalMS/float64(max(s.calls, 1)),
@@ -373,7 +374,7 @@ func relaysOnce(ctx context.Context, cfg config, admin *sql.DB, base string, rcv
 		return res, err
 	}
 	smp.stop()
-	res.waits, res.samples, res.claimSamples, res.claimLockWaits = smp.waits, smp.samples, smp.claimSamples, smp.claimLockWaits
+	res.waits, res.samples, res.claimSamples, res.claimLockWaits, res.claimLocks = smp.waits, smp.samples, smp.claimSamples, smp.claimLockWaits, smp.claimLocks
 	res.rate = float64(total) / res.took.Seconds()
 	res.pgUS = float64(pg1-pg0) / clockTicks * 1e6 / float64(total)
 	res.relayUS = float64(relay1-relay0) / clockTicks * 1e6 / float64(total)
@@ -593,11 +594,12 @@ type waitSampler struct {
 	// claimSamples counts samples of claim statements (FOR UPDATE SKIP
 	// LOCKED) and claimLockWaits those waiting on a heavyweight lock.
 	claimSamples, claimLockWaits int
+	claimLocks                   map[string]int // claim lock waits by lock type
 }
 
 func startWaitSampler(ctx context.Context, admin *sql.DB, appName string) *waitSampler {
 	ctx, cancel := context.WithCancel(ctx)
-	w := &waitSampler{cancel: cancel, done: make(chan struct{}), waits: map[string]int{}}
+	w := &waitSampler{cancel: cancel, done: make(chan struct{}), waits: map[string]int{}, claimLocks: map[string]int{}}
 	go func() {
 		defer close(w.done)
 		tick := time.NewTicker(10 * time.Millisecond)
@@ -627,6 +629,7 @@ WHERE application_name IN ($1, $1 || '_relay') AND state = 'active' AND pid <> p
 						w.claimSamples++
 						if strings.HasPrefix(ev.String, "Lock:") {
 							w.claimLockWaits++
+							w.claimLocks[ev.String]++
 						}
 					}
 					if ev.Valid {
