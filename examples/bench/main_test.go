@@ -76,6 +76,9 @@ func TestPartsSmoke(t *testing.T) {
 			cfg := tinyConfig()
 			if part == "relays" {
 				if _, err := pgcluster.Available(); err != nil {
+					if os.Getenv(pgcluster.EnvRequire) == "1" {
+						t.Fatalf("relays part: %v (%s=1)", err, pgcluster.EnvRequire)
+					}
 					t.Skipf("relays part skipped: it starts its own cluster: %v", err)
 				}
 			} else if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
