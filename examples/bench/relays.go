@@ -17,7 +17,6 @@ import (
 
 	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/outbox"
-	"github.com/txhook/txhook/outbox/pgxoutbox"
 )
 
 // The relays part runs 1, 2 and 4 relay processes (this program started
@@ -107,23 +106,20 @@ func partRelays(ctx context.Context, cfg config, rep *report, p *progress, rcv *
 		if round%2 == 1 {
 			sort.Sort(sort.Reverse(sort.IntSlice(counts)))
 		}
-		for _, n := range counts {
-			r, err := relaysOnce(ctx, cfg, admin, base, rcv, n, false, p)
-			if err != nil {
-				return fmt.Errorf("%d relays, backlog: %w", n, err)
+		for _, kind := range []struct {
+			name   string
+			steady bool
+			runs   map[int][]relaysRun
+		}{{"backlog", false, backlog}, {"steady", true, steady}} {
+			for _, n := range counts {
+				r, err := relaysOnce(ctx, cfg, admin, base, rcv, n, kind.steady, p)
+				if err != nil {
+					return fmt.Errorf("%d relays, %s: %w", n, kind.name, err)
+				}
+				kind.runs[n] = append(kind.runs[n], r)
+				p.logf("relays %s round %d/%d, %d relays: %s/s delivered; CPU µs per delivery PostgreSQL %.0f, relays %.0f; WAL %.0f B; polls %d (empty %d)",
+					kind.name, round+1, cfg.RelaysRounds, n, rate(r.rate), r.pgUS, r.relayUS, r.walB, r.polls, r.empty)
 			}
-			backlog[n] = append(backlog[n], r)
-			p.logf("relays backlog round %d/%d, %d relays: %s/s; CPU µs per delivery PostgreSQL %.0f, relays %.0f; WAL %.0f B; polls %d (empty %d)",
-				round+1, cfg.RelaysRounds, n, rate(r.rate), r.pgUS, r.relayUS, r.walB, r.polls, r.empty)
-		}
-		for _, n := range counts {
-			r, err := relaysOnce(ctx, cfg, admin, base, rcv, n, true, p)
-			if err != nil {
-				return fmt.Errorf("%d relays, steady: %w", n, err)
-			}
-			steady[n] = append(steady[n], r)
-			p.logf("relays steady round %d/%d, %d relays: %s/s delivered; CPU µs per event PostgreSQL %.0f, relays %.0f; WAL %.0f B; polls %d (empty %d)",
-				round+1, cfg.RelaysRounds, n, rate(r.rate), r.pgUS, r.relayUS, r.walB, r.polls, r.empty)
 		}
 	}
 	relaysReport(cfg, rep, backlog, steady)
@@ -436,14 +432,10 @@ func steadyEnqueue(ctx context.Context, s *pgSchema, total, perSec int, start ti
 		go func() {
 			defer wg.Done()
 			for range jobs {
-				tx, err := s.db.BeginTx(ctx, nil)
-				if err == nil {
-					if _, err = s.ob.Enqueue(ctx, tx, outbox.Event{Tenant: "relays", Type: "payment.succeeded", Payload: benchPayload}); err == nil {
-						err = tx.Commit()
-					} else {
-						tx.Rollback()
-					}
-				}
+				err := inTx(ctx, s.db, func(tx *sql.Tx) error {
+					_, err := s.ob.Enqueue(ctx, tx, outbox.Event{Tenant: "relays", Type: "payment.succeeded", Payload: benchPayload})
+					return err
+				})
 				if err != nil {
 					once.Do(func() { firstErr = err })
 					return
@@ -763,31 +755,13 @@ func (pr *relayProc) kill() {
 // and once more after stopping.
 func relaysChild() int {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", os.Getenv(envChildDSN))
+	r, closeDB, err := childRelay(ctx, os.Getenv(envChildID))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay process:", err)
 		return 1
 	}
-	defer db.Close()
-	cfg := localOutbox()
-	cfg.Logger = quiet()
-	cfg.Listener = pgxoutbox.Listener()
-	ob, err := outbox.New(ctx, db, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay process:", err)
-		return 1
-	}
-	r, err := ob.NewRelay(outbox.RelayConfig{ID: os.Getenv(envChildID)})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay process:", err)
-		return 1
-	}
+	defer closeDB()
 	w := bufio.NewWriter(os.Stdout)
-	print := func() {
-		st := r.Stats()
-		fmt.Fprintf(w, "stats %d %d %d %d %d %d\n", st.Succeeded, st.Claimed, st.Polls, st.EmptyPolls, st.Released, st.LeaseLost)
-		w.Flush()
-	}
 	fmt.Fprintln(w, "ready")
 	w.Flush()
 	in := bufio.NewReader(os.Stdin)
@@ -798,25 +772,13 @@ func relaysChild() int {
 		fmt.Fprintln(os.Stderr, "relay process:", err)
 		return 1
 	}
-	stdinClosed := make(chan struct{})
-	go func() { io.Copy(io.Discard, in); close(stdinClosed) }()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-loop:
-	for {
-		select {
-		case <-stdinClosed:
-			break loop
-		case <-tick.C:
-			print()
-		}
-	}
-	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := r.Stop(stopCtx); err != nil {
+	if err := serveRelay(ctx, r, in, 10*time.Millisecond, func() {
+		st := r.Stats()
+		fmt.Fprintf(w, "stats %d %d %d %d %d %d\n", st.Succeeded, st.Claimed, st.Polls, st.EmptyPolls, st.Released, st.LeaseLost)
+		w.Flush()
+	}); err != nil {
 		fmt.Fprintln(os.Stderr, "relay process: stop:", err)
 		return 1
 	}
-	print()
 	return 0
 }
