@@ -439,7 +439,15 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 
 // claim dispatches new events and claims due deliveries, up to n jobs in
 // all, hands them to the workers and returns how many it took.
+//
+// Stop cancels ctx, but a claim statement under way is let finish (for at
+// most Timeout): it may have taken rows already, and cancelling it would
+// lose them to this relay while they stay leased to it until the lease
+// lapses. Finished, its rows reach the scheduler, which Stop empties back
+// into the database. No further statement starts once ctx is done.
 func (r *Relay) claim(ctx context.Context, n int) (int, error) {
+	stmtCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
+	defer cancel()
 	r.checkClock(ctx)
 	start := r.clock.Now()
 	// The database times the lease by its own clock from when the statement
@@ -462,14 +470,14 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 			r.stats.emptyPolls.Add(1)
 		}
 	}()
-	fresh, err := r.st.Dispatch(ctx, r.cfg.ID, start, r.cfg.Lease, n)
+	fresh, err := r.st.Dispatch(stmtCtx, r.cfg.ID, start, r.cfg.Lease, n)
 	if err != nil {
 		return 0, err
 	}
 	take(fresh)
 	// Events with an ordering key take a slower path that keeps their order.
-	if rest := n - got; rest > 0 {
-		keyed, err := r.st.DispatchKeyed(ctx, r.cfg.ID, start, r.cfg.Lease, rest)
+	if rest := n - got; rest > 0 && ctx.Err() == nil {
+		keyed, err := r.st.DispatchKeyed(stmtCtx, r.cfg.ID, start, r.cfg.Lease, rest)
 		if err != nil {
 			return got, err
 		}
@@ -477,8 +485,8 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 	}
 	// One event can fan out to several deliveries; what is left of n goes
 	// to retries and rescued leases.
-	if rest := n - got; rest > 0 {
-		due, err := r.st.Claim(ctx, r.cfg.ID, start, r.cfg.Lease, rest)
+	if rest := n - got; rest > 0 && ctx.Err() == nil {
+		due, err := r.st.Claim(stmtCtx, r.cfg.ID, start, r.cfg.Lease, rest)
 		if err != nil {
 			return got, err
 		}

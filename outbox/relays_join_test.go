@@ -105,17 +105,6 @@ func (l *relayLedger) heldIDs(g *gate) []string {
 	return append([]string(nil), g.held...)
 }
 
-// holding returns the event IDs g holds now.
-func (l *relayLedger) holding(g *gate) map[string]bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := make(map[string]bool, len(g.holding))
-	for id := range g.holding {
-		m[id] = true
-	}
-	return m
-}
-
 func (l *relayLedger) delivered(relay string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -173,6 +162,31 @@ func startSteadyLoad(ctx context.Context, b *bundle, tenant string, interval tim
 		}
 	}()
 	return s
+}
+
+// burst enqueues n events in one transaction beside the steady load, so
+// that every relay claims several at once.
+func (s *steadyLoad) burst(t *testing.T, b *bundle, tenant string, n int) {
+	t.Helper()
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var ids []string
+	for i := range n {
+		id, err := b.ob.Enqueue(b.ctx, tx, outbox.Event{Tenant: tenant, Type: "payment.succeeded", Payload: []byte(fmt.Sprintf(`{"burst":%d}`, i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.ids = append(s.ids, ids...)
+	s.mu.Unlock()
 }
 
 func (s *steadyLoad) count() int {
@@ -253,19 +267,26 @@ func TestRelaysJoinAndLeaveUnderLoad(t *testing.T) {
 			rc := start("relay-c")
 			joined("relay-c")
 			gc := l.hold("relay-c", 4)
+			load.burst(t, b, "m", 60)
 			select {
 			case <-gc.reached:
 			case <-time.After(waitFor):
 				t.Fatal("relay-c never had requests in flight")
 			}
-			killedInFlight := l.holding(gc)
 			rc.kill()
+			// Every request relay-c sent since the gate went up was held
+			// and never answered: all were in flight when it died.
+			killedInFlight := map[string]bool{}
+			for _, id := range l.heldIDs(gc) {
+				killedInFlight[id] = true
+			}
 			t.Logf("relay-c SIGKILLed with %d requests in flight, %d events enqueued so far", len(killedInFlight), load.count())
 
 			// relay-b leaves by SIGTERM with requests in flight: they are
 			// answered once it has begun to stop, and it must write their
 			// outcomes back and give back what it holds before exiting.
 			gb := l.hold("relay-b", 4)
+			load.burst(t, b, "m", 60)
 			select {
 			case <-gb.reached:
 			case <-time.After(waitFor):
