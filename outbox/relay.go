@@ -243,7 +243,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops claiming, releases the deliveries that have not started
+// Stop stops claiming (a claim statement under way finishes first, within
+// Timeout, so that what it took is released rather than left leased),
+// releases the deliveries that have not started
 // (without spending an attempt), lets requests in flight finish until ctx
 // is done, then cancels them (they count as failed attempts and are
 // retried) and writes every outcome back. Whatever cannot be written back,
