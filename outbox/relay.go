@@ -245,10 +245,10 @@ func (r *Relay) Start(ctx context.Context) error {
 
 // Stop stops claiming (a claim statement under way finishes first, within
 // Timeout, so that what it took is released rather than left leased),
-// releases the deliveries that have not started
-// (without spending an attempt), lets requests in flight finish until ctx
-// is done, then cancels them (they count as failed attempts and are
-// retried) and writes every outcome back. Whatever cannot be written back,
+// releases the deliveries that have not started (without spending an
+// attempt), lets requests in flight finish until ctx is done, then cancels
+// them (they count as failed attempts and are retried) and writes every
+// outcome back. Whatever cannot be written back,
 // for instance because the database is unreachable, is picked up by another
 // relay when its lease expires. Stop returns ctx.Err() if ctx ended first.
 func (r *Relay) Stop(ctx context.Context) error {
