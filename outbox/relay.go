@@ -466,11 +466,13 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		}
 		got += len(batch)
 	}
-	r.stats.polls.Add(1)
+	// Counted when done, so that Polls and EmptyPolls read at any moment
+	// agree on which rounds have finished.
 	defer func() {
 		if got == 0 {
 			r.stats.emptyPolls.Add(1)
 		}
+		r.stats.polls.Add(1)
 	}()
 	fresh, err := r.st.Dispatch(stmtCtx, r.cfg.ID, start, r.cfg.Lease, n)
 	if err != nil {
