@@ -160,7 +160,9 @@ func (q *Queue) Get(ctx context.Context, deliveryID int64) (Detail, error) {
 }
 
 // Replay queues a fresh delivery of the dead letter's event to its
-// endpoint, due now, and removes the dead letter, in one transaction. It
+// endpoint, due now, and removes the dead letter, in one transaction; then
+// it writes an audit log entry (outbox.Outbox.AuditLog) naming ctx's actor
+// (outbox.WithActor). It
 // returns the new delivery's ID. If the endpoint is disabled, the delivery
 // waits until it is enabled.
 func (q *Queue) Replay(ctx context.Context, deliveryID int64) (int64, error) {
@@ -170,7 +172,7 @@ func (q *Queue) Replay(ctx context.Context, deliveryID int64) (int64, error) {
 	}
 	if id, ok := got[deliveryID]; ok {
 		q.in.Wake()
-		return id, nil
+		return id, q.ob.Record(ctx, "", "dlq.replay", strconv.FormatInt(deliveryID, 10), map[string]any{"new_delivery": id})
 	}
 	n, err := q.in.Store.CountDead(ctx, store.DeadFilter{IDs: []int64{deliveryID}})
 	if err == nil && n > 0 {
@@ -183,7 +185,8 @@ func (q *Queue) Replay(ctx context.Context, deliveryID int64) (int64, error) {
 const replayBatch = 500
 
 // ReplayAll replays every dead letter matching f whose endpoint still
-// exists, in transactions of at most 500, and returns how many it replayed.
+// exists, in transactions of at most 500, and returns how many it replayed;
+// then it writes one audit log entry with the filter and the count.
 func (q *Queue) ReplayAll(ctx context.Context, f Filter) (int, error) {
 	total := 0
 	var after int64
@@ -193,7 +196,7 @@ func (q *Queue) ReplayAll(ctx context.Context, f Filter) (int, error) {
 			return total, fmt.Errorf("txhook: replay: %w", err)
 		}
 		if len(ids) == 0 {
-			return total, nil
+			return total, q.recordAll(ctx, "dlq.replay_all", f, total)
 		}
 		got, err := q.in.Store.ReplayDead(ctx, ids, q.in.Clock.Now())
 		if err != nil {
@@ -205,8 +208,8 @@ func (q *Queue) ReplayAll(ctx context.Context, f Filter) (int, error) {
 	}
 }
 
-// Purge deletes one dead letter. The event and its attempt log stay until
-// retention removes them.
+// Purge deletes one dead letter, and writes an audit log entry. The event
+// and its attempt log stay until retention removes them.
 func (q *Queue) Purge(ctx context.Context, deliveryID int64) error {
 	n, err := q.in.Store.PurgeDead(ctx, store.DeadFilter{IDs: []int64{deliveryID}}, 1)
 	if err != nil {
@@ -215,11 +218,12 @@ func (q *Queue) Purge(ctx context.Context, deliveryID int64) error {
 	if n == 0 {
 		return fmt.Errorf("%w: %d", ErrNotFound, deliveryID)
 	}
-	return nil
+	return q.ob.Record(ctx, "", "dlq.purge", strconv.FormatInt(deliveryID, 10), nil)
 }
 
 // PurgeAll deletes every dead letter matching f, in batches, and returns
-// how many it deleted. An empty filter deletes them all.
+// how many it deleted, then writes one audit log entry with the filter and
+// the count. An empty filter deletes them all.
 func (q *Queue) PurgeAll(ctx context.Context, f Filter) (int, error) {
 	total := 0
 	for {
@@ -229,9 +233,28 @@ func (q *Queue) PurgeAll(ctx context.Context, f Filter) (int, error) {
 			return total, fmt.Errorf("txhook: purge: %w", err)
 		}
 		if n == 0 {
-			return total, nil
+			return total, q.recordAll(ctx, "dlq.purge_all", f, total)
 		}
 	}
+}
+
+// recordAll writes the audit log entry of an action on every dead letter
+// matching f (see outbox.WithActor).
+func (q *Queue) recordAll(ctx context.Context, action string, f Filter, n int) error {
+	d := map[string]any{"count": n}
+	if f.EndpointID != "" {
+		d["endpoint"] = f.EndpointID
+	}
+	if f.EventType != "" {
+		d["event_type"] = f.EventType
+	}
+	if !f.Since.IsZero() {
+		d["since"] = f.Since.UTC()
+	}
+	if !f.Until.IsZero() {
+		d["until"] = f.Until.UTC()
+	}
+	return q.ob.Record(ctx, f.Tenant, action, "", d)
 }
 
 func entry(r store.DeadLetter) Entry {

@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -65,6 +66,20 @@ type UIConfig struct {
 	// development) the cookie is "txhook_csrf", scoped to Prefix, without
 	// Secure.
 	TrustedProxies []netip.Prefix
+
+	// Scope, if set, limits a request to one tenant when it returns
+	// limited: for support staff who may see one merchant only. Lists
+	// show that tenant's rows whatever ?tenant= says, and another tenant's
+	// endpoint, dead letter or event ID is 404 on every page and action,
+	// exactly like a missing one. Nil, or limited false, means every
+	// tenant. Without Scope, ?tenant= is a filter, which the detail pages
+	// honour too (another tenant's ID is 404), but not an access limit.
+	Scope func(*http.Request) (tenant string, limited bool)
+
+	// PortalLink, if set, makes each tenant's name a link into that
+	// tenant's merchant portal, at the URL it returns (the host wires it to
+	// outbox/portal's signed links). An error hides the link.
+	PortalLink func(tenant string) (string, error)
 }
 
 //go:embed templates/*.html static/*
@@ -147,6 +162,7 @@ func NewUI(ob *outbox.Outbox, cfg UIConfig) (http.Handler, error) {
 	m.HandleFunc("POST /dead/action", u.deadAction)
 	m.HandleFunc("POST /dead/replay-all", u.deadAll)
 	m.HandleFunc("POST /dead/purge-all", u.deadAll)
+	m.HandleFunc("GET /audit", u.auditLog)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusNotFound, "No such page.")
 	})
@@ -345,9 +361,57 @@ func (u *ui) internal(w http.ResponseWriter, r *http.Request, err error) {
 	u.fail(w, r, http.StatusInternalServerError, "Something went wrong; the error is in the server log.")
 }
 
-// audit logs an operator's action.
-func (u *ui) audit(r *http.Request, action string, args ...any) {
-	u.log.Info("txhook: ui action", append([]any{"action", action, "remote", r.RemoteAddr}, args...)...)
+// audit logs an operator's action and writes it to the audit log, as
+// done by the actor in the request's context (outbox.WithActor), or else
+// by "operator" from the request's address.
+func (u *ui) audit(r *http.Request, tenant, action, target string, detail map[string]any) {
+	u.log.Info("txhook: ui action", "action", action, "tenant", tenant, "target", target, "remote", r.RemoteAddr)
+	if err := u.ob.Record(actorCtx(r), tenant, action, target, detail); err != nil {
+		u.log.Error("txhook: ui: audit log", "action", action, "error", err)
+	}
+}
+
+// actorCtx is the request's context with an actor: the one the host set
+// with outbox.WithActor, else "operator" at the request's address.
+func actorCtx(r *http.Request) context.Context {
+	if _, ok := outbox.ActorFrom(r.Context()); ok {
+		return r.Context()
+	}
+	return outbox.WithActor(r.Context(), outbox.Actor{Name: "operator", Addr: r.RemoteAddr})
+}
+
+// scope returns the tenant a request is limited to, if any.
+func (u *ui) scope(r *http.Request) (string, bool) {
+	if u.cfg.Scope == nil {
+		return "", false
+	}
+	t, limited := u.cfg.Scope(r)
+	return t, limited
+}
+
+// tenantFilter is the tenant a page shows: the scope's when limited, else
+// ?tenant= (GET) or the form's tenant (POST), "" for every tenant.
+func (u *ui) tenantFilter(r *http.Request) string {
+	if t, ok := u.scope(r); ok {
+		return t
+	}
+	if r.Method == http.MethodPost {
+		return strings.TrimSpace(r.PostForm.Get("tenant"))
+	}
+	return strings.TrimSpace(r.URL.Query().Get("tenant"))
+}
+
+// portalLink is the link into tenant's merchant portal; "" without one.
+func (u *ui) portalLink(tenant string) string {
+	if u.cfg.PortalLink == nil || tenant == "" {
+		return ""
+	}
+	l, err := u.cfg.PortalLink(tenant)
+	if err != nil {
+		u.log.Warn("txhook: ui: portal link", "error", err)
+		return ""
+	}
+	return l
 }
 
 // redirect answers a POST with 303 to a page of the UI.
@@ -368,9 +432,10 @@ func (u *ui) parse() error {
 		"list":    func(v ...any) []any { return v },
 		"span":    span,
 		"reason":  reason,
+		"portal":  u.portalLink,
 	}
 	u.pages = map[string]*template.Template{}
-	for _, name := range []string{"endpoints", "endpoint", "deliveries", "dead", "deadletter", "error"} {
+	for _, name := range []string{"endpoints", "endpoint", "deliveries", "dead", "deadletter", "audit", "error"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(uiFS, "templates/layout.html", "templates/parts.html", "templates/"+name+".html")
 		if err != nil {
 			return fmt.Errorf("txhook: dlq: templates: %w", err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,7 +57,7 @@ type endpointsData struct {
 
 func (u *ui) endpoints(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	tenant := strings.TrimSpace(q.Get("tenant"))
+	tenant := u.tenantFilter(r)
 	var after *store.EndpointCursor
 	if c := q.Get("after"); c != "" {
 		b, err := base64.RawURLEncoding.DecodeString(c)
@@ -99,6 +100,7 @@ func (u *ui) endpoints(w http.ResponseWriter, r *http.Request) {
 type endpointData struct {
 	Endpoint   outbox.Endpoint
 	Health     outbox.Health
+	Day, Week  chartPair // success and latency charts over 24 h and 7 days
 	Deliveries []deliveryView
 	NextURL    string
 	Paged      bool
@@ -109,15 +111,31 @@ func (u *ui) endpoint(w http.ResponseWriter, r *http.Request) {
 	u.showEndpoint(w, r, false)
 }
 
-func (u *ui) showEndpoint(w http.ResponseWriter, r *http.Request, reveal bool) {
-	id := r.PathValue("id")
-	ep, err := u.ob.Endpoint(r.Context(), id)
-	if errors.Is(err, outbox.ErrEndpointNotFound) {
+// endpointFor returns endpoint id when the request may see it (see
+// UIConfig.Scope), answering 404 (or 500) and returning false otherwise.
+func (u *ui) endpointFor(w http.ResponseWriter, r *http.Request, id string) (outbox.Endpoint, bool) {
+	var ep outbox.Endpoint
+	var err error
+	if t := u.tenantFilter(r); t != "" {
+		ep, err = u.ob.Tenant(t).Endpoint(r.Context(), id)
+	} else {
+		ep, err = u.ob.Endpoint(r.Context(), id)
+	}
+	if errors.Is(err, outbox.ErrEndpointNotFound) || errors.Is(err, outbox.ErrNoTenant) {
 		u.fail(w, r, http.StatusNotFound, "No endpoint has that ID.")
-		return
+		return ep, false
 	}
 	if err != nil {
 		u.internal(w, r, err)
+		return ep, false
+	}
+	return ep, true
+}
+
+func (u *ui) showEndpoint(w http.ResponseWriter, r *http.Request, reveal bool) {
+	id := r.PathValue("id")
+	ep, ok := u.endpointFor(w, r, id)
+	if !ok {
 		return
 	}
 	h, err := u.ob.EndpointHealth(r.Context(), id, u.cfg.HealthWindow)
@@ -144,6 +162,14 @@ func (u *ui) showEndpoint(w http.ResponseWriter, r *http.Request, reveal bool) {
 		return
 	}
 	d := endpointData{Endpoint: ep, Health: h, Deliveries: ds, Paged: cursor != "", Revealed: reveal}
+	if d.Day, err = u.charts(r, ep, 24*time.Hour, time.Hour, "day", "15:04"); err != nil {
+		u.internal(w, r, err)
+		return
+	}
+	if d.Week, err = u.charts(r, ep, 7*24*time.Hour, 6*time.Hour, "week", "01-02 15h"); err != nil {
+		u.internal(w, r, err)
+		return
+	}
 	if dp.Next != "" {
 		d.NextURL = u.path("endpoints", id) + "?" + url.Values{"after": {dp.Next}}.Encode()
 	}
@@ -152,10 +178,11 @@ func (u *ui) showEndpoint(w http.ResponseWriter, r *http.Request, reveal bool) {
 
 func (u *ui) enable(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if !u.endpointDone(w, r, u.ob.EnableEndpoint(r.Context(), id)) {
+	ep, ok := u.endpointFor(w, r, id)
+	if !ok || !u.endpointDone(w, r, u.ob.EnableEndpoint(r.Context(), id)) {
 		return
 	}
-	u.audit(r, "enable endpoint", "endpoint", id)
+	u.audit(r, ep.Tenant, "endpoint.enable", id, nil)
 	u.redirect(w, r, "endpoints/"+url.PathEscape(id)+"?done=enabled")
 }
 
@@ -165,10 +192,11 @@ func (u *ui) disable(w http.ResponseWriter, r *http.Request) {
 	if reason == "" {
 		reason = "disabled by an operator"
 	}
-	if !u.endpointDone(w, r, u.ob.DisableEndpoint(r.Context(), id, reason)) {
+	ep, ok := u.endpointFor(w, r, id)
+	if !ok || !u.endpointDone(w, r, u.ob.DisableEndpoint(r.Context(), id, reason)) {
 		return
 	}
-	u.audit(r, "disable endpoint", "endpoint", id, "reason", reason)
+	u.audit(r, ep.Tenant, "endpoint.disable", id, map[string]any{"reason": reason})
 	u.redirect(w, r, "endpoints/"+url.PathEscape(id)+"?done=disabled")
 }
 
@@ -182,11 +210,15 @@ func (u *ui) rotate(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusBadRequest, "Pick how long the current secret keeps signing.")
 		return
 	}
+	ep, ok := u.endpointFor(w, r, id)
+	if !ok {
+		return
+	}
 	_, err := u.ob.RotateSecret(r.Context(), id, outbox.Rotation{Overlap: overlap})
 	if !u.endpointDone(w, r, err) {
 		return
 	}
-	u.audit(r, "rotate secret", "endpoint", id, "overlap", overlap)
+	u.audit(r, ep.Tenant, "endpoint.rotate_secret", id, map[string]any{"overlap": max(overlap, 0).String()})
 	u.redirect(w, r, "endpoints/"+url.PathEscape(id)+"?done=rotated")
 }
 
@@ -200,6 +232,10 @@ func (u *ui) recoverEvents(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusBadRequest, "Pick the time to recover from, in UTC, as 2026-11-30T12:00.")
 		return
 	}
+	ep, ok := u.endpointFor(w, r, id)
+	if !ok {
+		return
+	}
 	n, err := u.ob.Recover(r.Context(), id, since)
 	if errors.Is(err, outbox.ErrInvalidSince) {
 		u.fail(w, r, http.StatusBadRequest, "Recover from a time in the past (times are UTC).")
@@ -208,14 +244,18 @@ func (u *ui) recoverEvents(w http.ResponseWriter, r *http.Request) {
 	if !u.endpointDone(w, r, err) {
 		return
 	}
-	u.audit(r, "recover endpoint", "endpoint", id, "since", since, "queued", n)
+	u.audit(r, ep.Tenant, "endpoint.recover", id, map[string]any{"since": since, "queued": n})
 	u.redirect(w, r, "endpoints/"+url.PathEscape(id)+"?"+url.Values{"done": {"recovered"}, "n": {strconv.Itoa(n)}}.Encode())
 }
 
 // reveal answers with the endpoint page showing its secrets in full, once:
 // it is the response to this POST, not a page to come back to.
 func (u *ui) reveal(w http.ResponseWriter, r *http.Request) {
-	u.audit(r, "reveal secrets", "endpoint", r.PathValue("id"))
+	ep, ok := u.endpointFor(w, r, r.PathValue("id"))
+	if !ok {
+		return
+	}
+	u.audit(r, ep.Tenant, "endpoint.reveal_secrets", ep.ID, nil)
 	u.showEndpoint(w, r, true)
 }
 
@@ -249,7 +289,16 @@ func (u *ui) search(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id != "" {
-		ds, err := u.ob.EventDeliveries(r.Context(), id)
+		var ds []outbox.Delivery
+		var err error
+		if t := u.tenantFilter(r); t != "" {
+			var p outbox.DeliveryPage
+			p, err = u.ob.Tenant(t).Deliveries(r.Context(), outbox.DeliveryFilter{EventID: id, Limit: outbox.MaxDeliveryPage})
+			ds = p.Deliveries
+			slices.Reverse(ds) // oldest first, as EventDeliveries
+		} else {
+			ds, err = u.ob.EventDeliveries(r.Context(), id)
+		}
 		if err != nil {
 			u.internal(w, r, err)
 			return
@@ -331,6 +380,8 @@ func (u *ui) deadList(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusBadRequest, "Times are UTC, as 2026-11-30T12:00.")
 		return
 	}
+	ff.Tenant = u.tenantFilter(r)
+	f.Tenant = ff.Tenant
 	cursor := q.Get("after")
 	p, err := u.q.List(r.Context(), f, cursor, u.cfg.PageSize)
 	if errors.Is(err, ErrInvalidCursor) {
@@ -370,6 +421,9 @@ func (u *ui) deadDetail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	det, err := u.q.Get(r.Context(), id)
+	if t := u.tenantFilter(r); err == nil && t != "" && det.Tenant != t {
+		err = ErrNotFound // another tenant's: exactly like a missing one
+	}
 	if errors.Is(err, ErrNotFound) {
 		u.fail(w, r, http.StatusNotFound, "No dead letter has that ID: it may have been replayed or purged.")
 		return
@@ -385,7 +439,7 @@ func (u *ui) deadDetail(w http.ResponseWriter, r *http.Request) {
 	} else {
 		d.PrettyPayload = string(det.Payload)
 	}
-	if _, err := u.ob.Endpoint(r.Context(), det.EndpointID); errors.Is(err, outbox.ErrEndpointNotFound) {
+	if _, err := u.ob.Tenant(det.Tenant).Endpoint(r.Context(), det.EndpointID); errors.Is(err, outbox.ErrEndpointNotFound) || errors.Is(err, outbox.ErrNoTenant) {
 		d.EndpointGone = true
 	}
 	u.render(w, r, http.StatusOK, "deadletter", page{Title: "Dead letter " + strconv.FormatInt(id, 10), Nav: "dead", Data: d})
@@ -425,6 +479,26 @@ func (u *ui) deadAction(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusBadRequest, fmt.Sprintf("At most %d dead letters at once; use the actions on all matching.", MaxPage))
 		return
 	}
+	asked := len(ids)
+	if t, limited := u.scope(r); limited {
+		// Only the scope's tenant's dead letters; others count as skipped,
+		// exactly like missing ones.
+		mine := ids[:0:0]
+		for _, id := range ids {
+			det, err := u.q.Get(r.Context(), id)
+			if err == nil && det.Tenant == t {
+				mine = append(mine, id)
+			} else if err != nil && !errors.Is(err, ErrNotFound) {
+				u.internal(w, r, err)
+				return
+			}
+		}
+		if ids = mine; len(ids) == 0 {
+			v.Set("done", "none")
+			u.redirect(w, r, "dead?"+v.Encode())
+			return
+		}
+	}
 	var n int
 	var err error
 	if verb == "replay" {
@@ -443,10 +517,12 @@ func (u *ui) deadAction(w http.ResponseWriter, r *http.Request) {
 		u.internal(w, r, err)
 		return
 	}
-	u.audit(r, verb+" dead letters", "ids", ids, "done", n)
+	if n > 0 {
+		u.audit(r, u.tenantFilter(r), "dlq."+verb, "", map[string]any{"ids": ids, "count": n})
+	}
 	v.Set("n", strconv.Itoa(n))
-	if n < len(ids) {
-		v.Set("skipped", strconv.Itoa(len(ids)-n))
+	if n < asked {
+		v.Set("skipped", strconv.Itoa(asked-n))
 	}
 	u.redirect(w, r, "dead?"+v.Encode())
 }
@@ -459,6 +535,8 @@ func (u *ui) deadAll(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusBadRequest, "Times are UTC, as 2026-11-30T12:00.")
 		return
 	}
+	ff.Tenant = u.tenantFilter(r)
+	f.Tenant = ff.Tenant
 	v := ff.values()
 	if r.PostForm.Get("confirm") != "yes" {
 		v.Set("done", "unconfirmed")
@@ -467,17 +545,17 @@ func (u *ui) deadAll(w http.ResponseWriter, r *http.Request) {
 	}
 	var n int
 	if strings.HasSuffix(r.URL.Path, "/replay-all") {
-		n, err = u.q.ReplayAll(r.Context(), f)
+		n, err = u.q.ReplayAll(actorCtx(r), f) // which writes the audit log entry
 		v.Set("done", "replayed")
 	} else {
-		n, err = u.q.PurgeAll(r.Context(), f)
+		n, err = u.q.PurgeAll(actorCtx(r), f)
 		v.Set("done", "purged")
 	}
 	if err != nil {
 		u.internal(w, r, err)
 		return
 	}
-	u.audit(r, strings.TrimPrefix(r.URL.Path, "/dead/")+" dead letters", "filter", ff.values().Encode(), "done", n)
+	u.log.Info("txhook: ui action", "action", strings.TrimPrefix(r.URL.Path, "/dead/"), "filter", ff.values().Encode(), "done", n, "remote", r.RemoteAddr)
 	v.Set("n", strconv.Itoa(n))
 	u.redirect(w, r, "dead?"+v.Encode())
 }

@@ -36,7 +36,15 @@ type seeded struct {
 }
 
 func seed(t *testing.T, db *testdb.DB, prefix string, strip bool) *seeded {
-	e := newUIEnv(t, db, prefix, strip)
+	return seedEnv(t, newUIEnv(t, db, prefix, strip))
+}
+
+// seedWith is seed with the UI configured by cfg, at "/".
+func seedWith(t *testing.T, db *testdb.DB, cfg dlq.UIConfig) *seeded {
+	return seedEnv(t, newUIEnvWith(t, db, cfg, false))
+}
+
+func seedEnv(t *testing.T, e *uiEnv) *seeded {
 	s := &seeded{uiEnv: e, base: time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Second)}
 	s.acme = e.endpoint("acme", "http://127.0.0.1:1/acme-hook")
 	s.globex = e.endpoint("globex", "http://127.0.0.1:1/globex-hook")

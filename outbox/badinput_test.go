@@ -171,7 +171,7 @@ func TestHostileReceiversAreRecordedAndNothingIsLost(t *testing.T) {
 		}
 		b.relay(outbox.RelayConfig{Timeout: 500 * time.Millisecond})
 		b.eventually("one attempt per delivery", func() bool {
-			return b.count("SELECT count(*) FROM txhook_attempts") >= len(cases) &&
+			return b.count("SELECT count(*) FROM txhook_attempt_log") >= len(cases) &&
 				b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'running'") == 0
 		})
 		for id, path := range eps {
@@ -193,7 +193,7 @@ func TestHostileReceiversAreRecordedAndNothingIsLost(t *testing.T) {
 			}
 			var excerpt string
 			var dur int64
-			if err := db.QueryRowContext(b.ctx, b.rebind("SELECT response_excerpt, duration_us FROM txhook_attempts WHERE endpoint_id = ?"), id).Scan(&excerpt, &dur); err != nil {
+			if err := db.QueryRowContext(b.ctx, b.rebind("SELECT response_excerpt, duration_us FROM txhook_attempt_log WHERE endpoint_id = ?"), id).Scan(&excerpt, &dur); err != nil {
 				t.Fatalf("%s: %v", path, err)
 			}
 			if len(excerpt) > 4096 {

@@ -157,3 +157,14 @@ func (c *Catalog) Convert(typ string, from, to int, data json.RawMessage) (json.
 	}
 	return data, nil
 }
+
+// example returns the example payload of version v of typ; nil if none.
+func (c *Catalog) example(typ string, v int) json.RawMessage {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.types[typ]
+	if e == nil || v < 1 || v > len(e.t.Versions) {
+		return nil
+	}
+	return e.t.Versions[v-1].Example
+}

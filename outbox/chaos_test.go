@@ -288,10 +288,10 @@ FROM txhook_deliveries d`)
     concat_ws(' | ', t.fs, t.ok, t.failed)
 FROM txhook_endpoints ep, LATERAL (
     SELECT h.ok, h.failed, CASE WHEN h.failed IS NULL OR h.ok >= h.failed THEN NULL ELSE (
-        SELECT min(a.started_at) FROM txhook_attempts a
+        SELECT min(a.started_at) FROM txhook_attempt_log a
         WHERE a.endpoint_id = ep.id AND a.error <> '' AND (h.ok IS NULL OR a.started_at > h.ok)) END AS fs
-    FROM (SELECT (SELECT max(started_at) FROM txhook_attempts WHERE endpoint_id = ep.id AND error = '') AS ok,
-                 (SELECT max(started_at) FROM txhook_attempts WHERE endpoint_id = ep.id AND error <> '') AS failed) h
+    FROM (SELECT (SELECT max(started_at) FROM txhook_attempt_log WHERE endpoint_id = ep.id AND error = '') AS ok,
+                 (SELECT max(started_at) FROM txhook_attempt_log WHERE endpoint_id = ep.id AND error <> '') AS failed) h
 ) t ORDER BY ep.id`
 	var mismatch []string
 	healthy := func() bool {

@@ -142,7 +142,7 @@ func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 		if ns.Succeeded == 0 || fs.Succeeded == 0 {
 			t.Errorf("both relays must deliver for the test to mean anything: normal %d, fast %d", ns.Succeeded, fs.Succeeded)
 		}
-		if n := b.count("SELECT count(*) FROM txhook_attempts WHERE error LIKE 'lease expired%'"); n != 0 {
+		if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE error LIKE 'lease expired%'"); n != 0 {
 			t.Errorf("%d attempts recorded as lapsed leases", n)
 		}
 		if n := strings.Count(fastLog.String(), clockWarning); n != 1 {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +29,10 @@ const (
 	HeaderEventVersion = "Webhook-Event-Version"
 )
 
-var jsonContentType = []string{"application/json"}
+var (
+	jsonContentType = []string{"application/json"}
+	testTrue        = []string{"true"}
+)
 
 // process makes one attempt at j and returns its outcome and how long the
 // request took (0 when none was made).
@@ -86,6 +90,9 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 	h[HeaderEventID] = []string{c.EventID}
 	h[HeaderEventType] = []string{c.Type}
 	h[HeaderEventVersion] = []string{strconv.Itoa(version)}
+	if strings.HasPrefix(c.EventID, TestEventPrefix) {
+		h[HeaderTest] = testTrue
+	}
 	r.traceHeaders(j, h)
 	if err == nil {
 		err = r.cfg.Signer.Sign(h, c.EventID, now, body, secrets)

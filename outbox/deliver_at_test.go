@@ -112,11 +112,11 @@ func TestDeliverAtNothingBeforeItThenDelivered(t *testing.T) {
 			t.Fatalf("deliveries %v, want %s last", ids, batched)
 		}
 		b.eventually("the attempt recorded", func() bool {
-			return b.count(`SELECT count(*) FROM txhook_attempts a
+			return b.count(`SELECT count(*) FROM txhook_attempt_log a
 JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = ?`, single) == 1
 		})
 		var started store_time
-		if err := db.QueryRowContext(b.ctx, b.rebind(`SELECT a.started_at FROM txhook_attempts a
+		if err := db.QueryRowContext(b.ctx, b.rebind(`SELECT a.started_at FROM txhook_attempt_log a
 JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = ?`), single).Scan(&started); err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -41,6 +42,24 @@ type Attempt struct {
 	Status          int // 0: no HTTP response
 	ResponseExcerpt string
 	Error           string
+
+	// RequestHeaders are the headers the request carried, besides the
+	// endpoint's custom ones (never shown): Content-Type, webhook-id,
+	// webhook-timestamp, Webhook-Event-Type and -Version, Webhook-Test for a
+	// test event, and webhook-signature. Only TenantView.Attempts fills
+	// them, rebuilding them from the stored event, the attempt's start and
+	// the endpoint's secrets: nothing more is stored per attempt. The
+	// signature is the Standard Webhooks one (a relay configured with
+	// another signer, such as signer.Stripe, sent its own header instead),
+	// made with the secrets on record that were active at the attempt;
+	// when that secret was rotated out, the endpoint deleted or the
+	// secrets cannot be decrypted, it is left out and SignatureNote says
+	// why. A payload converted to a pinned version is rebuilt with the
+	// endpoint's current pin.
+	RequestHeaders http.Header
+	// SignatureNote is "" when the signature in RequestHeaders is the one
+	// sent; otherwise why it is missing or may differ.
+	SignatureNote string
 }
 
 // EventDeliveries returns the deliveries of an event, oldest first: what

@@ -225,7 +225,7 @@ func TestStricterRelaySpendsNoAttempts(t *testing.T) {
 					!strings.Contains(d.lastError, c.want) || !strings.Contains(d.lastError, "relay strict") {
 					t.Fatalf("after the refusal: %+v, want pending, 0 attempts, an error naming %q and the relay", d, c.want)
 				}
-				if n := b.count(`SELECT COUNT(*) FROM txhook_attempts`); n != 0 || len(rc.requests()) != 0 {
+				if n := b.count(`SELECT COUNT(*) FROM txhook_attempt_log`); n != 0 || len(rc.requests()) != 0 {
 					t.Fatalf("%d attempts recorded, %d requests received", n, len(rc.requests()))
 				}
 				// Stats count once the outcome is written.
@@ -245,7 +245,7 @@ func TestStricterRelaySpendsNoAttempts(t *testing.T) {
 				if d.attempts != 1 || len(rc.requests()) != 1 {
 					t.Fatalf("delivered after %d attempts, %d requests", d.attempts, len(rc.requests()))
 				}
-				if n := b.count(`SELECT COUNT(*) FROM txhook_attempts WHERE attempt = 1 AND error = ''`); n != 1 {
+				if n := b.count(`SELECT COUNT(*) FROM txhook_attempt_log WHERE attempt = 1 AND error = ''`); n != 1 {
 					t.Fatalf("attempt log has %d successful first attempts", n)
 				}
 			})

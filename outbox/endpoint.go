@@ -88,6 +88,9 @@ func (l Limits) check() error {
 type Secret struct {
 	Value     string
 	ExpiresAt time.Time // zero: does not expire
+	// CreatedAt is when the secret was set (by CreateEndpoint or
+	// RotateSecret); zero for secrets stored before txhook recorded it.
+	CreatedAt time.Time
 }
 
 // Active reports whether the secret still signs at t.
@@ -131,6 +134,7 @@ func (s Secret) MarshalJSON() ([]byte, error) {
 type storedSecret struct {
 	Secret    string     `json:"secret"`
 	ExpiresAt *time.Time `json:"expires_at"`
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 }
 
 func encodeSecrets(ss []Secret) []byte {
@@ -140,6 +144,10 @@ func encodeSecrets(ss []Secret) []byte {
 		if !s.ExpiresAt.IsZero() {
 			t := s.ExpiresAt.UTC()
 			out[i].ExpiresAt = &t
+		}
+		if !s.CreatedAt.IsZero() {
+			t := s.CreatedAt.UTC()
+			out[i].CreatedAt = &t
 		}
 	}
 	b, _ := json.Marshal(out)
@@ -156,6 +164,9 @@ func decodeSecrets(b []byte) ([]Secret, error) {
 		out[i].Value = s.Secret
 		if s.ExpiresAt != nil {
 			out[i].ExpiresAt = s.ExpiresAt.UTC()
+		}
+		if s.CreatedAt != nil {
+			out[i].CreatedAt = s.CreatedAt.UTC()
 		}
 	}
 	return out, nil
@@ -298,6 +309,12 @@ func (o *Outbox) checkClientCert(ctx context.Context, endpointID string, c Clien
 // again), ErrInvalidEndpoint (with ErrReservedHeader or
 // ErrInvalidClientCert for those fields) or ErrInvalidSecret.
 func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, error) {
+	return o.createEndpoint(ctx, ne, nil)
+}
+
+// createEndpoint is CreateEndpoint; audit, if not nil, gives the audit row
+// written in the endpoint's insert transaction.
+func (o *Outbox) createEndpoint(ctx context.Context, ne NewEndpoint, audit func(id string) store.AuditRow) (Endpoint, error) {
 	if ne.Tenant == "" || len(ne.Tenant) > 255 || !printable(ne.Tenant) {
 		return Endpoint{}, fmt.Errorf("%w: tenant must be 1 to 255 printable characters", ErrInvalidEndpoint)
 	}
@@ -338,7 +355,7 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 	} else if err := checkSecret(secret); err != nil {
 		return Endpoint{}, err
 	}
-	secrets := []Secret{{Value: secret}}
+	secrets := []Secret{{Value: secret, CreatedAt: now}}
 	stored, err := o.sealSecrets(ctx, id, secrets)
 	if err != nil {
 		return Endpoint{}, err
@@ -368,7 +385,7 @@ func (o *Outbox) CreateEndpoint(ctx context.Context, ne NewEndpoint) (Endpoint, 
 		CreatedAt:   now,
 		UpdatedAt:   now,
 	}
-	if err := o.st.InsertEndpoint(ctx, o.db, row); err != nil {
+	if err := o.withAudit(ctx, audit, id, func(q store.Querier) error { return o.st.InsertEndpoint(ctx, q, row) }); err != nil {
 		return Endpoint{}, fmt.Errorf("txhook: create endpoint: %w", err)
 	}
 	e, err := endpointFromRow(row)
@@ -390,6 +407,14 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 	if err != nil {
 		return Endpoint{}, err
 	}
+	return o.updateEndpoint(ctx, row, up, nil)
+}
+
+// updateEndpoint applies up to row; audit, if not nil, gives the audit row
+// written in the update's transaction.
+func (o *Outbox) updateEndpoint(ctx context.Context, row store.EndpointRow, up EndpointUpdate, audit func(id string) store.AuditRow) (Endpoint, error) {
+	id := row.ID
+	var err error
 	if up.URL != nil {
 		if err := o.checkURL(ctx, *up.URL); err != nil {
 			return Endpoint{}, err
@@ -432,7 +457,7 @@ func (o *Outbox) UpdateEndpoint(ctx context.Context, id string, up EndpointUpdat
 		}
 	}
 	row.UpdatedAt = o.clock.Now().UTC()
-	if err := o.st.UpdateEndpoint(ctx, o.db, row); err != nil {
+	if err := o.withAudit(ctx, audit, id, func(q store.Querier) error { return o.st.UpdateEndpoint(ctx, q, row) }); err != nil {
 		return Endpoint{}, o.endpointErr(id, err)
 	}
 	return o.endpointOut(ctx, row)

@@ -49,17 +49,7 @@ func (o *Outbox) EndpointDeliveries(ctx context.Context, endpointID, cursor stri
 	if err != nil {
 		return DeliveryPage{}, fmt.Errorf("txhook: deliveries of endpoint: %w", err)
 	}
-	var p DeliveryPage
-	if len(rows) > limit {
-		rows = rows[:limit]
-		last := rows[limit-1]
-		p.Next = encodeDeliveryCursor(store.DeliveryCursor{CreatedAt: last.CreatedAt, ID: last.ID})
-	}
-	p.Deliveries = make([]Delivery, len(rows))
-	for i, r := range rows {
-		p.Deliveries[i] = deliveryOf(r)
-	}
-	return p, nil
+	return deliveryPage(rows, limit), nil
 }
 
 func deliveryOf(r store.DeliveryRow) Delivery {

@@ -236,7 +236,7 @@ func TestStopDeadlineCancelsInFlightAndRetriesLater(t *testing.T) {
 		if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending' AND attempts = 1"); n != 1 {
 			t.Fatalf("pending after cancelled attempt = %d", n)
 		}
-		if n := b.count("SELECT count(*) FROM txhook_attempts WHERE error LIKE 'relay stopped%'"); n != 1 {
+		if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE error LIKE 'relay stopped%'"); n != 1 {
 			t.Fatalf("attempt records of the cancelled request = %d", n)
 		}
 	})

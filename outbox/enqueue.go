@@ -283,6 +283,8 @@ func (o *Outbox) validate(ev *Event) error {
 		return fmt.Errorf("%w: type %.64q: use letters, digits and . _ : - (at most 255)", ErrInvalidEvent, ev.Type)
 	case ev.ID != "" && !idPattern.MatchString(ev.ID):
 		return fmt.Errorf("%w: ID %.64q: use letters, digits and _ : - (at most 128)", ErrInvalidEvent, ev.ID)
+	case strings.HasPrefix(ev.ID, TestEventPrefix):
+		return fmt.Errorf("%w: ID %.64q: the prefix %s is reserved for test events (TenantView.SendTest)", ErrInvalidEvent, ev.ID, TestEventPrefix)
 	case !printable(ev.Tenant):
 		return fmt.Errorf("%w: tenant must be printable UTF-8", ErrInvalidEvent)
 	case len(ev.IdempotencyKey) > 255:

@@ -70,7 +70,7 @@ func TestEnqueueRollbackLeavesNothingCommitDeliversOnce(t *testing.T) {
 		b.eventually("delivery recorded as succeeded", func() bool {
 			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1
 		})
-		if n := b.count("SELECT count(*) FROM txhook_attempts WHERE status = 200 AND attempt = 1"); n != 1 {
+		if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE status = 200 AND attempt = 1"); n != 1 {
 			t.Fatalf("attempt records = %d", n)
 		}
 		if n := len(rc.requests()); n != 1 {

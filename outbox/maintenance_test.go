@@ -159,7 +159,7 @@ func TestRetentionPrunesFinishedWorkKeepsDeadLetters(t *testing.T) {
 			t.Fatalf("pruned %+v", p)
 		}
 		if b.count("SELECT count(*) FROM txhook_dead_letters") != 1 || b.count("SELECT count(*) FROM txhook_deliveries") != 1 ||
-			b.count("SELECT count(*) FROM txhook_events") != 1 || b.count("SELECT count(*) FROM txhook_attempts") != 1 {
+			b.count("SELECT count(*) FROM txhook_events") != 1 || b.count("SELECT count(*) FROM txhook_attempt_log") != 1 {
 			t.Fatal("the dead letter's records were pruned")
 		}
 		// With a dead-letter age, the dead letter and then the rest go too.

@@ -46,7 +46,7 @@ type Timer = interface {
 // Default limits.
 const (
 	DefaultMaxPayloadBytes = 256 << 10
-	DefaultNotifyInterval  = 5 * time.Millisecond
+	DefaultNotifyInterval  = 25 * time.Millisecond
 )
 
 // Config configures an Outbox. The zero value is ready for production on
@@ -104,7 +104,12 @@ type Config struct {
 	// serialises the commits of the transactions that send one, so sending
 	// one per Enqueue would halve the enqueue rate under load; a relay that
 	// was just woken keeps polling briefly and picks up the events committed
-	// in between. Default 5 ms; negative turns NOTIFY off (polling only).
+	// in between. Each NOTIFY also makes every commit that sends one wait
+	// for a global lock, which lengthens the tail of commit→receipt: at 500
+	// events/s from 24 goroutines on a loaded 2-core machine, p99 was 290 to
+	// 540 ms with 5 ms, 105 to 115 ms with 25 ms, and 100 to 105 ms
+	// without NOTIFY (docs/BENCHMARKS.md). Default 25 ms; negative turns
+	// NOTIFY off (polling only).
 	NotifyInterval time.Duration
 
 	// Listener, on PostgreSQL, wakes relays as soon as an enqueuing

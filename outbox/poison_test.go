@@ -106,8 +106,8 @@ func checkStoredClean(t *testing.T, b *bundle) {
 	t.Helper()
 	for _, q := range []string{
 		"SELECT last_error FROM txhook_deliveries",
-		"SELECT error FROM txhook_attempts",
-		"SELECT response_excerpt FROM txhook_attempts",
+		"SELECT error FROM txhook_attempt_log",
+		"SELECT response_excerpt FROM txhook_attempt_log",
 		"SELECT last_error FROM txhook_dead_letters",
 	} {
 		rows, err := b.db.QueryContext(b.ctx, q)
@@ -295,7 +295,7 @@ func TestPoisonedCertificateDoesNotHoldBackOtherTenants(t *testing.T) {
 			t.Errorf("poisoned receiver saw %d handshakes, want 3 (every attempt)", n)
 		}
 		const want = `x509: certificate is valid for \x00evil.example, not localhost`
-		rows, err := b.db.QueryContext(b.ctx, b.rebind("SELECT error FROM txhook_attempts WHERE endpoint_id = ? ORDER BY attempt"), poisonEp.ID)
+		rows, err := b.db.QueryContext(b.ctx, b.rebind("SELECT error FROM txhook_attempt_log WHERE endpoint_id = ? ORDER BY attempt"), poisonEp.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -385,7 +385,7 @@ func TestReceiverJunkIsStoredClean(t *testing.T) {
 		})
 
 		excerpts := func(ep string) []string {
-			rows, err := b.db.QueryContext(b.ctx, b.rebind("SELECT response_excerpt || '|' || error FROM txhook_attempts WHERE endpoint_id = ? ORDER BY attempt"), ep)
+			rows, err := b.db.QueryContext(b.ctx, b.rebind("SELECT response_excerpt || '|' || error FROM txhook_attempt_log WHERE endpoint_id = ? ORDER BY attempt"), ep)
 			if err != nil {
 				t.Fatal(err)
 			}

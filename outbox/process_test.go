@@ -347,7 +347,7 @@ func TestRelayProcessKilledMidDeliveryLosesNothing(t *testing.T) {
 			t.Errorf("deliveries in flight twice at once: %v", l.overlaps)
 		}
 		// The killed relay's attempts are on record as lapsed leases.
-		if n := b.count("SELECT count(*) FROM txhook_attempts WHERE error LIKE 'lease expired%'"); n < 1 {
+		if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE error LIKE 'lease expired%'"); n < 1 {
 			t.Errorf("no lapsed-lease attempt recorded")
 		}
 		if n := b.count("SELECT count(*) FROM txhook_dead_letters"); n != 0 {
@@ -412,7 +412,7 @@ func TestTwoRelayProcessesNeverOverlap(t *testing.T) {
 				t.Fatalf("relay-a delivered %d, relay-b %d; want both > 0 and %d in all", na, nc, events)
 			}
 			t.Logf("relay-a delivered %d, relay-b %d", na, nc)
-			if n := b.count("SELECT count(*) FROM txhook_attempts"); n != events {
+			if n := b.count("SELECT count(*) FROM txhook_attempt_log"); n != events {
 				t.Fatalf("%d attempt records, want %d", n, events)
 			}
 		})

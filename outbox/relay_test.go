@@ -53,7 +53,7 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 
 		for attempt := 1; attempt <= 9; attempt++ {
 			b.eventually("attempt recorded", func() bool {
-				return b.count("SELECT count(*) FROM txhook_attempts") == attempt
+				return b.count("SELECT count(*) FROM txhook_attempt_log") == attempt
 			})
 			if attempt == 9 {
 				break
@@ -77,7 +77,7 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 		b.eventually("dead-letter callback", func() bool { return deadNotices.Load() == 1 })
 
 		// The gaps between attempt starts follow the schedule within ±25%.
-		rows, err := db.QueryContext(b.ctx, "SELECT started_at FROM txhook_attempts ORDER BY attempt")
+		rows, err := db.QueryContext(b.ctx, "SELECT started_at FROM txhook_attempt_log ORDER BY attempt")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +143,7 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 		})
 		reqs = rc.requests()
 		if len(reqs) != 10 {
-			rows, _ := db.QueryContext(b.ctx, "SELECT delivery_id, attempt, coalesce(status, 0), error FROM txhook_attempts ORDER BY id")
+			rows, _ := db.QueryContext(b.ctx, "SELECT delivery_id, attempt, coalesce(status, 0), error FROM txhook_attempt_log ORDER BY id")
 			for rows.Next() {
 				var d, a, st int
 				var e string

@@ -18,6 +18,9 @@ type Retention struct {
 	// DeadLetters is how long dead letters are kept; zero or negative keeps
 	// them until purged.
 	DeadLetters time.Duration
+	// Audit is how long audit log entries (see AuditLog) are kept.
+	// Default 400 days; negative keeps them forever.
+	Audit time.Duration
 	// Interval is how often a relay prunes. Default 10 minutes; negative
 	// turns pruning off in the relay (call Outbox.Prune yourself).
 	Interval time.Duration
@@ -28,6 +31,7 @@ type Retention struct {
 // Default retention.
 const (
 	DefaultRetainSucceeded   = 7 * 24 * time.Hour
+	DefaultRetainAudit       = 400 * 24 * time.Hour
 	DefaultRetentionInterval = 10 * time.Minute
 	DefaultPruneBatch        = 1000
 )
@@ -35,6 +39,9 @@ const (
 func (r Retention) withDefaults() Retention {
 	if r.Succeeded == 0 {
 		r.Succeeded = DefaultRetainSucceeded
+	}
+	if r.Audit == 0 {
+		r.Audit = DefaultRetainAudit
 	}
 	if r.Interval == 0 {
 		r.Interval = DefaultRetentionInterval
@@ -51,6 +58,7 @@ type Pruned struct {
 	Attempts    int
 	Events      int
 	DeadLetters int
+	Audit       int // audit log entries
 }
 
 // maxPruneBatches bounds one Prune call, so a relay's pruning round never
@@ -80,6 +88,15 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 		if err := loop(func() (int, error) {
 			n, err := o.st.PruneDeadLetters(ctx, now.Add(-r.DeadLetters), r.BatchSize)
 			p.DeadLetters += n
+			return n, err
+		}); err != nil {
+			return p, err
+		}
+	}
+	if r.Audit > 0 {
+		if err := loop(func() (int, error) {
+			n, err := o.st.PruneAudit(ctx, now.Add(-r.Audit), r.BatchSize)
+			p.Audit += n
 			return n, err
 		}); err != nil {
 			return p, err

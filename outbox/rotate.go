@@ -51,7 +51,7 @@ func (o *Outbox) RotateSecret(ctx context.Context, id string, r Rotation) (Endpo
 		if err != nil {
 			return nil, err
 		}
-		next := []Secret{{Value: secret}}
+		next := []Secret{{Value: secret, CreatedAt: now}}
 		end := now.Add(overlap)
 		for _, s := range old {
 			if !s.Active(now) || overlap < 0 || s.Value == secret {

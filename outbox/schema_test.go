@@ -202,8 +202,8 @@ func TestCustomSchemaEndToEnd(t *testing.T) {
 				t.Fatalf("txhook tables in public: %d, before %d", n, publicBefore)
 			}
 			var n int
-			if err := db.QueryRow(`SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil || n != 6 {
-				t.Fatalf("tables in %s: %d %v, want 6", schema, n, err)
+			if err := db.QueryRow(`SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil || n != 7 {
+				t.Fatalf("tables in %s: %d %v, want 7", schema, n, err)
 			}
 		})
 	}

@@ -462,7 +462,7 @@ func (b *bundle) waitsForKey(logs *logRecorder, id, what string) {
 	b.eventually("the delivery given back unspent", func() bool {
 		return b.count(`SELECT COUNT(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state = 'pending' AND attempts = 0`, id) == 1
 	})
-	if n := b.count(`SELECT COUNT(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, id); n != 0 {
+	if n := b.count(`SELECT COUNT(*) FROM txhook_attempt_log a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.endpoint_id = ?`, id); n != 0 {
 		b.t.Fatalf("%d attempts recorded for %s", n, id)
 	}
 }
@@ -536,7 +536,7 @@ func TestSecretsMissingKeyFailsStart(t *testing.T) {
 		if len(rc.requests()) != 0 {
 			t.Fatal("a relay that failed to start sent a request")
 		}
-		if n := b.count(`SELECT COUNT(*) FROM txhook_attempts`); n != 0 {
+		if n := b.count(`SELECT COUNT(*) FROM txhook_attempt_log`); n != 0 {
 			t.Fatalf("%d attempts recorded", n)
 		}
 

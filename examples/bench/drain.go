@@ -14,12 +14,22 @@ import (
 // concurrency.
 var drainTargets = map[int]float64{16: 7000, 100: 12000}
 
+// Issue 12's targets: the drain at least half the bare POST loop's rate in
+// the same run, and the PostgreSQL backends' CPU per delivery.
+const (
+	drainRatioTarget = 0.5
+	pgCPUTarget      = 40.0
+)
+
 // drainResult is one timed drain: deliveries (or requests) per second and
 // the CPU each cost, in µs, in this process (relay or bare loop, and the
 // receiver) and in the PostgreSQL backends of the pool (0 for the bare loop
 // and SQLite; negative when unknown).
 type drainResult struct {
 	rate, clientUS, serverUS float64
+	// enq and drain are what filling the backlog and draining it wrote to
+	// PostgreSQL (nil for SQLite and the bare loop).
+	enq, drain *writes
 }
 
 func drainRates(rs []drainResult) []float64 {
@@ -48,6 +58,9 @@ func cpuSummary(rs []drainResult, server bool) string {
 // partDrain delivers a backlog to the local receiver at each concurrency,
 // against the bare POST loop at the same concurrency, alternating rounds.
 func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver) error {
+	if err := tableSettings(ctx, cfg.DSN, rep); err != nil {
+		return err
+	}
 	var detail strings.Builder
 	for _, conc := range cfg.DrainConc {
 		bare, relay, err := drainRounds(ctx, cfg.DrainRounds, conc, cfg.DrainEvents, p, "postgres", rcv,
@@ -63,21 +76,96 @@ func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *r
 			Ratio:    ratio(rr / br),
 		}
 		if t, ok := drainTargets[conc]; ok {
-			r.Target = "≥ " + rate(t) + "/s"
-			r.Verdict = verdict(rr >= t)
+			r.Target = fmt.Sprintf("≥ %s/s and ≥ %.1f×", rate(t), drainRatioTarget)
+			r.Verdict = verdict(rr >= t && rr/br >= drainRatioTarget)
 		}
 		rep.add(r)
 		if c := cpuSummary(relay, true); c != "" {
+			var sv []float64
+			for _, x := range relay {
+				sv = append(sv, x.serverUS)
+			}
 			rep.add(row{
 				Part:     fmt.Sprintf("… CPU per delivery, %d in flight: this process (relay, receiver) + its PostgreSQL backends (µs)", conc),
 				Value:    c,
 				Baseline: cpuSummary(bare, false) + " (bare loop, receiver)",
+				Target:   fmt.Sprintf("PostgreSQL ≤ %.0f µs", pgCPUTarget),
+				Verdict:  verdict(median(sv) <= pgCPUTarget),
 			})
 		}
+		addWrites(rep, &detail, conc, relay, cfg.DrainEvents)
 		fmt.Fprintf(&detail, "%d in flight, %d rounds\n  bare   /s: %s\n  txhook /s: %s\n", conc, len(relay), rates(drainRates(bare)), rates(drainRates(relay)))
 	}
 	rep.section("Drain rounds (PostgreSQL)", detail.String())
 	return nil
+}
+
+// tableSettings reports the per-table storage settings the migrations
+// give txhook's tables (autovacuum thresholds, fill factors), read from a
+// freshly migrated schema.
+func tableSettings(ctx context.Context, dsn string, rep *report) error {
+	s, err := newSchema(ctx, dsn, "pgx", 2, localOutbox())
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	rows, err := s.db.QueryContext(ctx, `SELECT c.relname, array_to_string(c.reloptions, ', ') FROM pg_class c
+WHERE c.relnamespace = $1::regnamespace AND c.reloptions IS NOT NULL ORDER BY c.relname`, s.name)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var rel, opts string
+		if err := rows.Scan(&rel, &opts); err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s: %s\n", rel, opts)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rep.section("Per-table settings (from the migrations)", b.String())
+	return nil
+}
+
+// walTarget is the issue's target for the WAL one delivery writes (one
+// endpoint, first attempt succeeds), enqueue included, in bytes.
+const walTarget = 1400
+
+// addWrites reports the median WAL per delivery of the rounds rs, enqueue
+// and drain, and the rows each delivery wrote (from the last round), by
+// table.
+func addWrites(rep *report, detail *strings.Builder, conc int, rs []drainResult, n int) {
+	var enq, drain, tot []float64
+	var last drainResult
+	for _, r := range rs {
+		if r.enq == nil || r.drain == nil {
+			return
+		}
+		e, d := float64(r.enq.wal)/float64(n), float64(r.drain.wal)/float64(n)
+		enq, drain, tot = append(enq, e), append(drain, d), append(tot, e+d)
+		last = r
+	}
+	if len(rs) == 0 {
+		return
+	}
+	t := median(tot)
+	rep.add(row{
+		Part:    fmt.Sprintf("… WAL per delivery, %d in flight: enqueue + drain (bytes, 1 endpoint, first attempt succeeds)", conc),
+		Value:   fmt.Sprintf("%.0f + %.0f = %.0f", median(enq), median(drain), t),
+		Target:  fmt.Sprintf("≤ %s", commas(walTarget)),
+		Verdict: verdict(t <= walTarget),
+	})
+	d := last.drain.total()
+	rep.add(row{
+		Part: fmt.Sprintf("… rows written per delivery by the drain, %d in flight: inserted + updated (of which HOT)", conc),
+		Value: fmt.Sprintf("%.2f + %.2f (%.2f HOT)", float64(d.ins)/float64(n), float64(d.upd)/float64(n),
+			float64(d.hot)/float64(n)),
+	})
+	fmt.Fprintf(detail, "%d in flight, rows per event, last round\n  enqueue: %s\n  drain:   %s\n", conc,
+		last.enq.perTable(n), last.drain.perTable(n))
 }
 
 // drainRounds alternates the bare loop and relayDrain, rounds times each.
@@ -120,6 +208,9 @@ func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, lab
 		bare, relay = append(bare, b), append(relay, r)
 		p.logf("drain %s %d in flight round %d/%d: bare %s/s, txhook %s/s (%.2f×); CPU µs per delivery %.0f + %.0f, per bare request %.0f",
 			label, conc, round+1, rounds, rate(b.rate), rate(r.rate), r.rate/b.rate, r.clientUS, r.serverUS, b.clientUS)
+		if r.enq != nil && r.drain != nil {
+			p.logf("  WAL per delivery: enqueue %d B + drain %d B; drain rows: %s", r.enq.wal/int64(events), r.drain.wal/int64(events), r.drain.perTable(events))
+		}
 	}
 	return bare, relay, nil
 }
@@ -147,16 +238,34 @@ func drainBacklog(ctx context.Context, db *sql.DB, appName string, ob *outbox.Ou
 	if _, err := ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: url}); err != nil {
 		return res, err
 	}
+	var wm *writeMeter
+	if appName != "" {
+		var err error
+		if wm, err = startWrites(ctx, db, appName); err != nil {
+			return res, err
+		}
+	}
 	if err := fillByEnqueue(ctx, db, ob, tenant, n); err != nil {
 		return res, err
 	}
-	return timeDrain(ctx, db, appName, ob, conc, n, analyze)
+	var enq *writes
+	if wm != nil {
+		w, err := wm.stop(ctx)
+		if err != nil {
+			return res, err
+		}
+		enq = &w
+	}
+	res, err := timeDrain(ctx, db, appName, ob, conc, n, analyze, wm != nil)
+	res.enq = enq
+	return res, err
 }
 
 // timeDrain times a relay (conc in flight, to each endpoint too; other
 // settings default) delivering the n deliveries waiting in ob, until
-// Stats().Succeeded, which counts outcomes written back, reaches n.
-func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbox, conc, n int, analyze bool) (drainResult, error) {
+// Stats().Succeeded, which counts outcomes written back, reaches n. With
+// writes (PostgreSQL only) it also measures what the drain wrote.
+func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbox, conc, n int, analyze, writes bool) (drainResult, error) {
 	var res drainResult
 	if analyze {
 		// The server may run with autovacuum off; a real outbox has
@@ -170,8 +279,14 @@ func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbo
 		return res, err
 	}
 	var cpuDB *sql.DB
+	var wm *writeMeter
 	if appName != "" {
 		cpuDB = db
+	}
+	if writes {
+		if wm, err = startWrites(ctx, db, appName); err != nil {
+			return res, err
+		}
 	}
 	m := startCPU(ctx, cpuDB, appName)
 	start := time.Now()
@@ -199,6 +314,13 @@ func timeDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Outbo
 	}
 	if st := r.Stats(); st.Failed+st.DeadLettered > 0 {
 		return res, fmt.Errorf("drain: failed attempts against a no-op receiver: %+v", st)
+	}
+	if wm != nil {
+		w, err := wm.stop(ctx)
+		if err != nil {
+			return res, err
+		}
+		res.drain = &w
 	}
 	return res, nil
 }

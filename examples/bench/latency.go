@@ -4,18 +4,30 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/txhook/txhook/outbox"
+	"github.com/txhook/txhook/outbox/pgxoutbox"
 )
 
-// latencyWorkers is how many goroutines (and connections) the open-loop
-// generator commits from; enough that it keeps its schedule at a few
-// thousand transactions a second.
-const latencyWorkers = 32
+// The open-loop generator looks like a service: defaultLatencyWorkers
+// goroutines (request handlers) commit business transactions on one pool
+// of defaultLatencyPool connections, which the relay, running in the same
+// process, shares. Each transaction locks a customer's account row, inserts
+// the payment, updates the balance and enqueues the event.
+const (
+	defaultLatencyWorkers = 24
+	defaultLatencyPool    = 32
+	latencyAccounts       = 1000
+)
+
+const accountsDDL = `CREATE TABLE IF NOT EXISTS bench_accounts (
+    id bigint PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+INSERT INTO bench_accounts (id) SELECT g FROM generate_series(0, 999) g ON CONFLICT DO NOTHING`
 
 type latencyResult struct {
 	rate                        int
@@ -26,6 +38,14 @@ type latencyResult struct {
 	maxLag                      time.Duration // worst delay between a transaction's scheduled and actual start
 	stats                       outbox.RelayStats
 	clientUS, serverUS          float64 // CPU per event over the measured window; negative when unknown
+	// The generator's side, over the measured transactions: p99 and max of
+	// the wait for a pooled connection (BeginTx) and of the COMMIT.
+	beginP99, beginMax, commitP99, commitMax time.Duration
+	// The receipts of the slowest 1% (over the p99), by when their
+	// transaction committed: how many of them came within 5 ms of the
+	// commit of another slow one (clustered: a stall of the relay or the
+	// database), as a share.
+	tailClustered float64
 }
 
 // partLatency measures commit-to-receipt latency at fixed rates with
@@ -38,8 +58,9 @@ func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 			return fmt.Errorf("%d/s: %w", r, err)
 		}
 		x := row{
-			Part:  fmt.Sprintf("commit→receipt latency at %s events/s, default relay (p50 / p99)", commas(int64(r))),
-			Value: ms(res.p50) + " / " + ms(res.p99),
+			Part: fmt.Sprintf("commit→receipt latency at %s events/s, default relay, %d goroutines on a %d-connection pool (p50 / p99 / p99.9 / max)",
+				commas(int64(r)), cfg.latencyWorkers(), cfg.latencyPool()),
+			Value: ms(res.p50) + " / " + ms(res.p99) + " / " + ms(res.p999) + " / " + ms(res.maxLat),
 		}
 		if r == 500 {
 			x.Target = "p50 < 5 ms, p99 < 25 ms"
@@ -49,6 +70,8 @@ func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 		fmt.Fprintf(&detail, "%5d/s: %d measured (after %s warm-up) of %d committed, %.0f committed/s; p50 %s p90 %s p99 %s p99.9 %s max %s; missing %d, duplicates %d, arrived before Commit returned %d; generator's worst start lag %s; CPU per event %.0f µs in this process (generator, relay, receiver) + %.0f µs in PostgreSQL\n",
 			r, res.measured, cfg.LatencyWarmup, res.sent, res.achieved, ms(res.p50), ms(res.p90), ms(res.p99), ms(res.p999), ms(res.maxLat),
 			res.missing, res.dups, res.early, ms(res.maxLag), res.clientUS, res.serverUS)
+		fmt.Fprintf(&detail, "       generator: %d goroutines on a %d-connection pool (%s); wait for a connection p99 %s max %s, COMMIT p99 %s max %s; %.0f%% of the receipts over p99 came within 5 ms of another one's commit\n",
+			cfg.latencyWorkers(), cfg.latencyPool(), relayPoolText(cfg), ms(res.beginP99), ms(res.beginMax), ms(res.commitP99), ms(res.commitMax), 100*res.tailClustered)
 	}
 	rep.section("Latency runs", detail.String())
 	return nil
@@ -62,13 +85,33 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	res := latencyResult{rate: perSec}
 	obCfg := localOutbox()
 	obCfg.NotifyInterval = cfg.NotifyInterval
-	s, err := newSchema(ctx, cfg.DSN, "pgx", latencyWorkers+8, obCfg)
+	workers := cfg.latencyWorkers()
+	s, err := newSchema(ctx, cfg.DSN, "pgx", cfg.latencyPool(), obCfg)
 	if err != nil {
 		return res, err
 	}
 	defer s.drop()
-	if _, err := s.db.ExecContext(ctx, paymentsDDL); err != nil {
-		return res, err
+	for _, q := range []string{paymentsDDL, accountsDDL} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return res, err
+		}
+	}
+	relayOb := s.ob
+	if cfg.LatencyRelayPool > 0 {
+		db, err := sql.Open("pgx", s.dsn)
+		if err != nil {
+			return res, err
+		}
+		defer db.Close()
+		db.SetMaxOpenConns(cfg.LatencyRelayPool)
+		db.SetMaxIdleConns(cfg.LatencyRelayPool)
+		rc := obCfg
+		rc.Logger = quiet()
+		rc.Listener = pgxoutbox.Listener()
+		if relayOb, err = outbox.New(ctx, db, rc); err != nil {
+			return res, err
+		}
+		defer relayOb.Close()
 	}
 	const tenant = "merchant_latency"
 	if _, err := s.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: rcv.URL}); err != nil {
@@ -81,7 +124,7 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 		}
 		defer stop()
 	}
-	relay, err := s.ob.NewRelay(outbox.RelayConfig{})
+	relay, err := relayOb.NewRelay(outbox.RelayConfig{})
 	if err != nil {
 		return res, err
 	}
@@ -103,16 +146,17 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	defer rcv.rec.Store(nil)
 
 	commitAt := make([]time.Duration, total)
+	begins, commits := make([]time.Duration, total), make([]time.Duration, total)
 	var meter *cpuMeter
 	meterAt := -1
-	lags := make([]time.Duration, latencyWorkers)
+	lags := make([]time.Duration, workers)
 	jobs := make(chan int, total)
 	var wg sync.WaitGroup
 	var errOnce sync.Once
 	var genErr error
 	gctx, cancelGen := context.WithCancel(ctx)
 	defer cancelGen()
-	for w := range latencyWorkers {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -124,7 +168,7 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 				// {"seq":i,<benchPayload's members>}
 				payload = strconv.AppendInt(append(payload[:0], `{"seq":`...), int64(i), 10)
 				payload = append(append(payload, ','), benchPayload[1:]...)
-				if err := latencyTx(gctx, s.db, s.ob, tenant, int64(i), payload); err != nil {
+				if err := latencyTx(gctx, s.db, s.ob, tenant, int64(i), payload, &begins[i], &commits[i]); err != nil {
 					errOnce.Do(func() { genErr = err; cancelGen() })
 					return
 				}
@@ -186,7 +230,10 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 		time.Sleep(20 * time.Millisecond)
 	}
 	lat := make([]float64, 0, total-warmN)
+	var bs, cs []float64
+	delay := make([]time.Duration, total)
 	for i := warmN; i < total; i++ {
+		bs, cs = append(bs, float64(begins[i])), append(cs, float64(commits[i]))
 		at := time.Duration(rec.at[i].Load())
 		if at == 0 {
 			continue
@@ -196,8 +243,12 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 			res.early++
 			d = 0
 		}
+		delay[i] = d
 		lat = append(lat, float64(d))
 	}
+	res.beginP99, res.beginMax = time.Duration(quantile(bs, 0.99)), time.Duration(quantile(bs, 1))
+	res.commitP99, res.commitMax = time.Duration(quantile(cs, 0.99)), time.Duration(quantile(cs, 1))
+	res.tailClustered = clustered(commitAt[warmN:], delay[warmN:], time.Duration(quantile(lat, 0.99)), 5*time.Millisecond)
 	res.measured = len(lat)
 	res.dups = int(rec.dups.Load())
 	res.p50 = time.Duration(quantile(lat, 0.50))
@@ -211,13 +262,27 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	return res, nil
 }
 
-// latencyTx is one business transaction: the payment and its event.
-func latencyTx(ctx context.Context, db *sql.DB, ob *outbox.Outbox, tenant string, i int64, payload []byte) error {
+// latencyTx is one business transaction: it locks a customer's account,
+// inserts the payment, updates the balance and enqueues the event. begin
+// and commit receive how long BeginTx (the pool's wait) and Commit took.
+func latencyTx(ctx context.Context, db *sql.DB, ob *outbox.Outbox, tenant string, i int64, payload []byte, begin, commit *time.Duration) error {
+	t0 := time.Now()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
+	*begin = time.Since(t0)
+	account := (i * 7919) % latencyAccounts
+	var balance int64
+	if err := tx.QueryRowContext(ctx, `SELECT balance FROM bench_accounts WHERE id = $1 FOR UPDATE`, account).Scan(&balance); err != nil {
+		tx.Rollback()
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, insertPayment, tenant, i); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE bench_accounts SET balance = $2 WHERE id = $1`, account, balance+i); err != nil {
 		tx.Rollback()
 		return err
 	}
@@ -225,5 +290,53 @@ func latencyTx(ctx context.Context, db *sql.DB, ob *outbox.Outbox, tenant string
 		tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	t1 := time.Now()
+	err = tx.Commit()
+	*commit = time.Since(t1)
+	return err
+}
+
+// clustered returns the share of the receipts delayed more than over
+// whose transaction committed within window of another such one's: near 1
+// when the tail comes in bursts (everything committed during a stall waits
+// for it), near 0 when slow receipts are isolated.
+func clustered(commitAt, delay []time.Duration, over, window time.Duration) float64 {
+	var at []time.Duration
+	for i, d := range delay {
+		if d > over {
+			at = append(at, commitAt[i])
+		}
+	}
+	if len(at) == 0 {
+		return 0
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
+	n := 0
+	for i := range at {
+		if (i > 0 && at[i]-at[i-1] <= window) || (i+1 < len(at) && at[i+1]-at[i] <= window) {
+			n++
+		}
+	}
+	return float64(n) / float64(len(at))
+}
+
+func (c config) latencyWorkers() int {
+	if c.LatencyWorkers > 0 {
+		return c.LatencyWorkers
+	}
+	return defaultLatencyWorkers
+}
+
+func (c config) latencyPool() int {
+	if c.LatencyPool > 0 {
+		return c.LatencyPool
+	}
+	return defaultLatencyPool
+}
+
+func relayPoolText(c config) string {
+	if c.LatencyRelayPool > 0 {
+		return fmt.Sprintf("the relay on a pool of its own of %d", c.LatencyRelayPool)
+	}
+	return "shared with the relay"
 }

@@ -2,8 +2,17 @@
 // and the same run, on PostgreSQL and SQLite, prints a table and writes
 // docs/BENCHMARKS.md.
 //
+//	go run ./examples/bench
+//
+// The PostgreSQL parts run on a throwaway cluster the bench starts
+// (internal/pgcluster: initdb into a temporary directory, a free loopback
+// port, the production settings of pgcluster.Production(), autovacuum on),
+// whose settings the report prints; it needs the server binaries
+// (/usr/lib/postgresql/<version>/bin). To run them on a server of your own
+// instead:
+//
 //	TXHOOK_BENCH_POSTGRES_DSN='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
-//	    go run ./examples/bench
+//	    go run ./examples/bench -cluster=false
 //
 // Parts (all by default; -only takes a comma-separated list):
 //
@@ -34,7 +43,8 @@
 //     polls that found nothing, lock waits, CPU, WAL and rows written per
 //     delivery, table size per event.
 //
-// PostgreSQL parts are skipped when TXHOOK_BENCH_POSTGRES_DSN is unset.
+// With -cluster=false, PostgreSQL parts are skipped when
+// TXHOOK_BENCH_POSTGRES_DSN is unset.
 // Each part works in schemas (or files) of its own and drops them after.
 //
 // The machine is assumed shared and noisy: txhook and its baseline run in
@@ -57,6 +67,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/txhook/txhook/internal/pgcluster"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
@@ -86,6 +98,12 @@ type config struct {
 	LatencyRates  []int
 	LatencyWarmup time.Duration
 	LatencyDur    time.Duration
+	// The generator: goroutines committing business transactions on a
+	// pool of LatencyPool connections, which the relay shares unless
+	// LatencyRelayPool gives it a pool of its own. 0: the defaults.
+	LatencyWorkers   int
+	LatencyPool      int
+	LatencyRelayPool int
 
 	FairnessRate int // the calm tenant's events per second
 
@@ -115,6 +133,10 @@ type config struct {
 	Revision string // the txhook revision measured, for the report
 
 	NotifyInterval time.Duration // Config.NotifyInterval for enqueue and latency; 0 is the default
+
+	// Settings are the PostgreSQL server's non-default settings, printed
+	// in the report when the bench started the cluster itself.
+	Settings []pgcluster.Setting
 }
 
 func defaultConfig() config {
@@ -130,6 +152,8 @@ func defaultConfig() config {
 		LatencyRates:     []int{500, 2000},
 		LatencyWarmup:    3 * time.Second,
 		LatencyDur:       15 * time.Second,
+		LatencyWorkers:   defaultLatencyWorkers,
+		LatencyPool:      defaultLatencyPool,
 		FairnessRate:     100,
 		BacklogSmall:     10000,
 		BacklogLarge:     1000000,
@@ -179,6 +203,9 @@ func main() {
 	rates := flag.String("latency-rates", joinInts(cfg.LatencyRates), "latency: events per second, comma-separated")
 	flag.DurationVar(&cfg.LatencyWarmup, "latency-warmup", cfg.LatencyWarmup, "latency: warm-up before measuring")
 	flag.DurationVar(&cfg.LatencyDur, "latency-dur", cfg.LatencyDur, "latency: measured duration per rate")
+	flag.IntVar(&cfg.LatencyWorkers, "latency-workers", cfg.LatencyWorkers, "latency: goroutines committing business transactions")
+	flag.IntVar(&cfg.LatencyPool, "latency-pool", cfg.LatencyPool, "latency: connections of the pool the generator (and the relay, unless -latency-relay-pool) use")
+	flag.IntVar(&cfg.LatencyRelayPool, "latency-relay-pool", 0, "latency: connections of a pool of the relay's own (0: the relay shares the generator's pool, as a service running its relay in-process)")
 	flag.IntVar(&cfg.FairnessRate, "fairness-rate", cfg.FairnessRate, "fairness: the calm tenant's events per second (warm-up and duration as for latency)")
 	flag.IntVar(&cfg.BacklogSmall, "backlog-small", cfg.BacklogSmall, "backlog: small backlog size")
 	flag.IntVar(&cfg.BacklogLarge, "backlog-large", cfg.BacklogLarge, "backlog: large backlog size")
@@ -200,10 +227,14 @@ func main() {
 	flag.IntVar(&cfg.RelaysRounds, "relays-rounds", cfg.RelaysRounds, "relays: rounds (the order of the relay counts alternates)")
 	flag.DurationVar(&cfg.NotifyInterval, "notify-interval", 0, "Config.NotifyInterval for the enqueue and latency parts (0: the default; negative: no NOTIFY)")
 	flag.StringVar(&cfg.Revision, "revision", "", "txhook revision to name in the report (default: asked of git)")
+	cluster := flag.Bool("cluster", true, "run the PostgreSQL parts on a throwaway cluster the bench starts (internal/pgcluster, production settings, autovacuum on) instead of the server "+EnvDSN+" names")
 	flag.Parse()
 
 	var err error
 	cfg.DSN = os.Getenv(EnvDSN)
+	if *cluster {
+		cfg.DSN = ""
+	}
 	cfg.EnqueueDrivers = splitList(*drivers)
 	if cfg.DrainConc, err = parseInts(*drainConc); err != nil {
 		fail(fmt.Errorf("-drain-conc: %w", err))
@@ -242,7 +273,18 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	var c *pgcluster.Cluster
+	if *cluster && needsPostgres(cfg) {
+		if c, err = startCluster(ctx, &cfg); err != nil {
+			fail(err)
+		}
+	}
 	rep, err := run(ctx, cfg, os.Stderr)
+	if c != nil {
+		if cerr := c.Close(); cerr != nil {
+			fmt.Fprintln(os.Stderr, "bench: stopping the cluster:", cerr)
+		}
+	}
 	if rep != nil {
 		rep.command = commandLine()
 		fmt.Println()
@@ -261,13 +303,50 @@ func main() {
 	}
 }
 
+// needsPostgres reports whether cfg names a part that runs on PostgreSQL.
+func needsPostgres(cfg config) bool {
+	for _, p := range []string{"enqueue", "drain", "latency", "fairness", "backlog", "secrets"} {
+		if cfg.has(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// startCluster starts a throwaway PostgreSQL cluster with production
+// settings (autovacuum on; txhook's per-table settings come with its
+// migrations), creates the database bench on it and points cfg at it.
+func startCluster(ctx context.Context, cfg *config) (*pgcluster.Cluster, error) {
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: pgcluster.Production()})
+	if err != nil {
+		return nil, fmt.Errorf("starting a PostgreSQL cluster (-cluster=false and %s to use a server of your own): %w", EnvDSN, err)
+	}
+	if err := c.CreateDatabase(ctx, "bench"); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if cfg.Settings, err = c.ShowSettings(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	cfg.DSN = c.DSN("bench")
+	return c, nil
+}
+
 // run runs the parts cfg names and returns what they measured. On an error
 // the report holds the parts that finished.
 func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 	p := newProgress(progress)
 	rep := newReport(ctx, cfg)
-	if cfg.DSN == "" && (cfg.has("enqueue") || cfg.has("drain") || cfg.has("latency") || cfg.has("fairness") || cfg.has("backlog")) {
-		rep.note("PostgreSQL parts skipped: %s is not set.", EnvDSN)
+	if cfg.DSN == "" && needsPostgres(cfg) {
+		rep.note("PostgreSQL parts skipped: %s is not set (or -cluster found no PostgreSQL binaries).", EnvDSN)
+	}
+	if len(cfg.Settings) > 0 {
+		var b strings.Builder
+		for _, s := range cfg.Settings {
+			fmt.Fprintf(&b, "%s = %s\n", s.Name, s.Value)
+		}
+		rep.section("PostgreSQL settings (a cluster of the bench's own, internal/pgcluster Production(); per-table settings from the migrations)", b.String())
 	}
 	rcv, err := startReceiver()
 	if err != nil {
@@ -328,6 +407,9 @@ func commandLine() string {
 		args = append(args, a)
 	}
 	dsn := os.Getenv(EnvDSN)
+	if !strings.Contains(strings.Join(os.Args, " "), "-cluster=false") {
+		dsn = ""
+	}
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		dsn = u.Redacted()
 	}

@@ -145,5 +145,5 @@ func secretsDrain(ctx context.Context, db *sql.DB, appName string, ob *outbox.Ou
 			return drainResult{}, err
 		}
 	}
-	return timeDrain(ctx, db, appName, ob, cfg.SecretsConc, cfg.SecretsEvents, appName != "")
+	return timeDrain(ctx, db, appName, ob, cfg.SecretsConc, cfg.SecretsEvents, appName != "", false)
 }

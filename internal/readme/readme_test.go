@@ -21,6 +21,8 @@ import (
 var packages = map[string]string{
 	"context":     "context",
 	"sql":         "database/sql",
+	"fmt":         "fmt",
+	"io":          "io",
 	"http":        "net/http",
 	"url":         "net/url",
 	"os":          "os",

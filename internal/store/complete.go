@@ -46,17 +46,35 @@ type AttemptRecord struct {
 	Error     string // may hold receiver text, cleaned by Complete
 }
 
+// InlineAttempt returns the attempt record that c writes in its
+// delivery's row instead of txhook_attempts (migration 008): the only
+// record of a first attempt that succeeded. ok is false for every other
+// completion, whose records are rows of txhook_attempts.
+func InlineAttempt(c Completion) (r AttemptRecord, ok bool) {
+	if c.State != StateSucceeded || c.Attempt != 1 || len(c.Records) != 1 {
+		return AttemptRecord{}, false
+	}
+	r = c.Records[0]
+	return r, r.Attempt == 1 && r.Error == ""
+}
+
 // pgComplete applies a batch of completions in one statement, so the
 // delivery update, its attempt records and, for a final failure, the
-// dead-letter row commit together. Rows whose lease was taken over (the
+// dead-letter row commit together. A first attempt that succeeded is
+// written in the delivery's row (ok_started_at, ok_duration_us,
+// ok_excerpt; see InlineAttempt), not as an attempt row. Rows whose lease was taken over (the
 // fencing condition fails) are left alone and their records dropped.
 const pgComplete = `WITH c AS (
     SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(id bigint, attempt int, state text, attempts int,
-        next_at timestamptz, record boolean, status int, error text)
+        next_at timestamptz, record boolean, status int, error text,
+        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text)
 ), upd AS (
     UPDATE txhook_deliveries d
     SET state = c.state, attempts = c.attempts, next_attempt_at = COALESCE(c.next_at, d.next_attempt_at),
         lease_owner = NULL,
+        ok_started_at = COALESCE(c.ok_started_at, d.ok_started_at),
+        ok_duration_us = CASE WHEN c.ok_started_at IS NULL THEN d.ok_duration_us ELSE c.ok_duration_us END,
+        ok_excerpt = CASE WHEN c.ok_started_at IS NULL THEN d.ok_excerpt ELSE c.ok_excerpt END,
         last_status = CASE WHEN c.record THEN c.status ELSE d.last_status END,
         last_error = CASE WHEN c.record THEN COALESCE(c.error, '') ELSE d.last_error END,
         updated_at = $3
@@ -81,6 +99,9 @@ SELECT id FROM upd`
 
 const sqliteCompleteUpdate = `UPDATE txhook_deliveries
 SET state = ?, attempts = ?, next_attempt_at = COALESCE(?, next_attempt_at), lease_owner = NULL,
+    ok_started_at = COALESCE(?, ok_started_at),
+    ok_duration_us = CASE WHEN ? IS NULL THEN ok_duration_us ELSE ? END,
+    ok_excerpt = CASE WHEN ? IS NULL THEN ok_excerpt ELSE ? END,
     last_status = CASE WHEN ? THEN ? ELSE last_status END,
     last_error = CASE WHEN ? THEN ? ELSE last_error END,
     updated_at = ?
@@ -113,6 +134,10 @@ type pgCompletion struct {
 	Record   bool    `json:"record"`
 	Status   int     `json:"status,omitempty"`
 	Error    string  `json:"error,omitempty"`
+	// The inline attempt (InlineAttempt), if any.
+	OKStartedAt  *string `json:"ok_started_at,omitempty"`
+	OKDurationUS int64   `json:"ok_duration_us,omitempty"`
+	OKExcerpt    string  `json:"ok_excerpt,omitempty"`
 }
 
 type pgAttempt struct {
@@ -252,7 +277,13 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 			if c.Status != 0 {
 				status = c.Status
 			}
+			var okAt, okUS, okExcerpt any
+			inline, isInline := InlineAttempt(c)
+			if isInline {
+				okAt, okUS, okExcerpt = s.T(inline.StartedAt), inline.Duration.Microseconds(), inline.Excerpt
+			}
 			res, err := q.ExecContext(ctx, sqliteCompleteUpdate, c.State, c.Attempts, next,
+				okAt, okAt, okUS, okAt, okExcerpt,
 				c.Record, status, c.Record, c.Error, s.T(now), c.ID, owner, c.Attempt)
 			if err != nil {
 				return err
@@ -261,6 +292,9 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 				continue
 			}
 			applied = append(applied, c.ID)
+			if isInline {
+				continue
+			}
 			for _, r := range c.Records {
 				var st any
 				if r.Status != 0 {
@@ -294,6 +328,12 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 		if !c.NextAt.IsZero() {
 			t := c.NextAt.UTC().Format(time.RFC3339Nano)
 			r.NextAt = &t
+		}
+		if a, ok := InlineAttempt(c); ok {
+			t := a.StartedAt.UTC().Format(time.RFC3339Nano)
+			r.OKStartedAt, r.OKDurationUS, r.OKExcerpt = &t, a.Duration.Microseconds(), a.Excerpt
+			rows[i] = r
+			continue
 		}
 		rows[i] = r
 		for _, a := range c.Records {

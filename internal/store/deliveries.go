@@ -21,7 +21,7 @@ type AttemptRow struct {
 // Attempts returns a delivery's attempt log in order.
 func (s *Store) Attempts(ctx context.Context, deliveryID int64) ([]AttemptRow, error) {
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error
-FROM txhook_attempts WHERE delivery_id = ? ORDER BY attempt, id`), deliveryID)
+FROM txhook_attempt_log WHERE delivery_id = ? ORDER BY attempt, id`), deliveryID)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +68,12 @@ func (s *Store) DeliveriesOfEvent(ctx context.Context, eventID string) ([]Delive
 
 // Delivery returns one delivery.
 func (s *Store) Delivery(ctx context.Context, id int64) (DeliveryRow, error) {
-	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT `+deliveryColumns+` FROM txhook_deliveries WHERE id = ?`), id)
+	return s.oneDelivery(ctx, `SELECT `+deliveryColumns+` FROM txhook_deliveries WHERE id = ?`, id)
+}
+
+// oneDelivery reads the one delivery query returns; ErrNotFound if none.
+func (s *Store) oneDelivery(ctx context.Context, query string, args ...any) (DeliveryRow, error) {
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(query), args...)
 	if err != nil {
 		return DeliveryRow{}, err
 	}

@@ -94,7 +94,12 @@ func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
 
 // GetEndpoint reads one endpoint.
 func (s *Store) GetEndpoint(ctx context.Context, q Querier, id string) (EndpointRow, error) {
-	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints WHERE id = ?`), id)
+	return s.oneEndpoint(ctx, q, `id = ?`, id)
+}
+
+// oneEndpoint reads the endpoint matching where; ErrNotFound if none.
+func (s *Store) oneEndpoint(ctx context.Context, q Querier, where string, args ...any) (EndpointRow, error) {
+	rows, err := q.QueryContext(ctx, s.Rebind(`SELECT `+endpointColumns+` FROM txhook_endpoints WHERE `+where), args...)
 	if err != nil {
 		return EndpointRow{}, err
 	}

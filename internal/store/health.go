@@ -55,7 +55,7 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	// Failures are counted on the partial index of failed attempts, so
 	// both counts are index-only, however busy the endpoint.
 	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT
-    (SELECT count(*) FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?),
+    (SELECT count(*) FROM txhook_attempt_log WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?),
     (SELECT count(*) FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? AND error <> ''),
     (SELECT count(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state IN (`+unfinishedStates+`)),
     (SELECT count(*) FROM txhook_dead_letters WHERE endpoint_id = ?),
@@ -79,9 +79,9 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	err = s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*), min(CASE WHEN ok = 1 THEN rn END) FROM (
     SELECT CASE WHEN error = '' THEN 1 ELSE 0 END AS ok,
            ROW_NUMBER() OVER (ORDER BY started_at DESC, id DESC) AS rn
-    FROM (SELECT started_at, id, error FROM txhook_attempts WHERE endpoint_id = ?
+    FROM (SELECT started_at, id, error FROM (`+recentAttempts("", "")+`) r
           ORDER BY started_at DESC, id DESC LIMIT ?) latest
-) ranked`), endpointID, HealthRecent).Scan(&n, &firstOK)
+) ranked`), endpointID, HealthRecent, endpointID, HealthRecent, HealthRecent).Scan(&n, &firstOK)
 	if err != nil {
 		return HealthStats{}, err
 	}
@@ -91,8 +91,8 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	}
 
 	if h.LastSuccess, err = s.oneAttempt(ctx, `SELECT delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error
-FROM (SELECT * FROM txhook_attempts WHERE endpoint_id = ? ORDER BY started_at DESC, id DESC LIMIT ?) latest
-WHERE error = '' ORDER BY started_at DESC, id DESC LIMIT 1`, endpointID, HealthRecent); err != nil {
+FROM (SELECT * FROM (`+recentAttempts("", "")+`) r ORDER BY started_at DESC, id DESC LIMIT ?) latest
+WHERE error = '' ORDER BY started_at DESC, id DESC LIMIT 1`, endpointID, HealthRecent, endpointID, HealthRecent, HealthRecent); err != nil {
 		return HealthStats{}, err
 	}
 	// The partial index of failed attempts makes this one index probe.
@@ -101,6 +101,28 @@ FROM txhook_attempts WHERE endpoint_id = ? AND error <> '' ORDER BY started_at D
 		return HealthStats{}, err
 	}
 	return h, nil
+}
+
+// recentAttempts is the attempt log of one endpoint (the first
+// placeholder), latest first, at most the second placeholder's number of
+// rows from each of its two parts: the rows of txhook_attempts (with
+// extraRows added to their condition) and the first attempts kept in
+// their deliveries' rows (extraInline), with the view txhook_attempt_log's
+// columns. Each part walks its own index backwards and stops at the
+// limit, which a query of the view cannot do; the caller orders the union
+// and takes its own limit. extraRows' and extraInline's placeholders come
+// after the endpoint's in each part.
+func recentAttempts(extraRows, extraInline string) string {
+	return `SELECT * FROM (
+    SELECT delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error, id
+    FROM txhook_attempts WHERE endpoint_id = ? ` + extraRows + `
+    ORDER BY started_at DESC, id DESC LIMIT ?) ra
+UNION ALL
+SELECT * FROM (
+    SELECT id AS delivery_id, endpoint_id, 1 AS attempt, ok_started_at AS started_at, ok_duration_us AS duration_us,
+           last_status AS status, COALESCE(ok_excerpt, '') AS response_excerpt, '' AS error, 0 AS id
+    FROM txhook_deliveries WHERE endpoint_id = ? AND ok_started_at IS NOT NULL ` + extraInline + `
+    ORDER BY ok_started_at DESC LIMIT ?) rd`
 }
 
 func (s *Store) oneAttempt(ctx context.Context, query string, args ...any) (*AttemptRow, error) {
@@ -118,10 +140,12 @@ func (s *Store) oneAttempt(ctx context.Context, query string, args ...any) (*Att
 // no percentile function, so the (bounded) sample is sorted here and
 // interpolated the same way.
 func (s *Store) latency(ctx context.Context, h *HealthStats, endpointID string, since, until time.Time) error {
-	const sample = `SELECT duration_us FROM txhook_attempts
-WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? AND duration_us > 0
+	sample := `SELECT duration_us FROM (` + recentAttempts(
+		`AND started_at >= ? AND started_at < ? AND duration_us > 0`,
+		`AND ok_started_at >= ? AND ok_started_at < ? AND ok_duration_us > 0`) + `) r
 ORDER BY started_at DESC LIMIT ?`
-	args := []any{endpointID, s.T(since), s.T(until), HealthLatencySample}
+	args := []any{endpointID, s.T(since), s.T(until), HealthLatencySample,
+		endpointID, s.T(since), s.T(until), HealthLatencySample, HealthLatencySample}
 	if s.Dialect == Postgres {
 		var p50, p95 sql.NullFloat64
 		err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*),
@@ -131,7 +155,7 @@ FROM (`+sample+`) s`), args...).Scan(&h.LatencyN, &p50, &p95)
 		h.P50, h.P95 = p50.Float64, p95.Float64
 		return err
 	}
-	rows, err := s.DB.QueryContext(ctx, sample, args...)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(sample), args...)
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,14 @@ ORDER BY updated_at LIMIT ?`+lock), s.T(before), limit)
 		}
 		n, _ := res.RowsAffected()
 		attempts = int(n)
+		// First attempts that succeeded are in their deliveries' rows
+		// (migration 008) and go with them.
+		var inline int
+		if err := q.QueryRowContext(ctx, s.Rebind(`SELECT count(*) FROM txhook_deliveries WHERE `+s.idsIn("id")+` AND ok_started_at IS NOT NULL`),
+			jsonIDs(ids)).Scan(&inline); err != nil {
+			return err
+		}
+		attempts += inline
 		res, err = q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_deliveries WHERE `+s.idsIn("id")), jsonIDs(ids))
 		if err != nil {
 			return err
@@ -166,11 +174,15 @@ var pgRecordHealth = `WITH b AS (
 
 // pgRepairHealth recomputes the health of endpoints $1 (a JSON array of
 // IDs) from the attempt log: the latest failed attempt through the partial
-// index of failures, the latest success among at most $2 of the attempts
-// since the recorded one (NULL: all of them).
+// index of failures; the latest success: the latest first attempt kept in
+// a delivery's row (one probe of txhook_deliveries_endpoint_ok; those are
+// all successes) and the latest success among at most $2 of the attempt
+// rows since the recorded one (NULL: all of them).
 var pgRepairHealth = `WITH locked AS MATERIALIZED (
     SELECT ep.id, ep.failing_since AS was,
            GREATEST(ep.last_success_at, (
+               SELECT max(d.ok_started_at) FROM txhook_deliveries d
+               WHERE d.endpoint_id = ep.id AND d.ok_started_at IS NOT NULL), (
                SELECT max(x.started_at) FROM (
                    SELECT a.started_at, a.error FROM txhook_attempts a
                    WHERE a.endpoint_id = ep.id AND a.started_at > COALESCE(ep.last_success_at, '-infinity')
@@ -315,7 +327,9 @@ func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan 
 		return nil, err
 	}
 	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints
-SET last_success_at = `+s.greatest("last_success_at", `(
+SET last_success_at = `+s.greatest(s.greatest("last_success_at", `(
+        SELECT max(d.ok_started_at) FROM txhook_deliveries d
+        WHERE d.endpoint_id = txhook_endpoints.id AND d.ok_started_at IS NOT NULL)`), `(
         SELECT max(x.started_at) FROM (
             SELECT a.started_at, a.error FROM txhook_attempts a
             WHERE a.endpoint_id = txhook_endpoints.id
@@ -471,7 +485,7 @@ func (s *Store) DisableGone(ctx context.Context, id string, goneAt, now time.Tim
 		disabled = false
 		err := q.QueryRowContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET enabled = FALSE, disabled_reason = ?, updated_at = ?
 WHERE id = ? AND enabled AND (last_success_at IS NULL OR last_success_at < ?)
-  AND NOT EXISTS (SELECT 1 FROM txhook_attempts a
+  AND NOT EXISTS (SELECT 1 FROM txhook_attempt_log a
                   WHERE a.endpoint_id = txhook_endpoints.id AND a.error = '' AND a.started_at > ?)
 RETURNING tenant`), reason, s.T(now), id, s.T(goneAt), s.T(goneAt)).Scan(&tenant)
 		if err == sql.ErrNoRows {

@@ -275,6 +275,42 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 					_, err := s.Recover(ctx, ep.ID, []store.RecoverEvent{{ID: ev.ID, CreatedAt: now}}, now)
 					return err
 				},
+				"TenantEndpoint": func() error { _, err := s.TenantEndpoint(ctx, db.DB, "m", ep.ID); return err },
+				"TenantDelivery": func() error { _, err := s.TenantDelivery(ctx, "m", claimed[0].ID); return err },
+				"TenantEvent":    func() error { _, err := s.TenantEvent(ctx, "m", ev.ID); return err },
+				"TenantDeliveries": func() error {
+					_, err := s.TenantDeliveries(ctx, "m", store.DeliveryFilter{EndpointID: ep.ID, EventID: ev.ID, EventType: ev.Type, State: "dead",
+						Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.DeliveryCursor{CreatedAt: now.Add(time.Hour), ID: 1 << 40}, 10)
+					return err
+				},
+				"EachAttemptOf": func() error {
+					return s.EachAttemptOf(ctx, ep.ID, now.Add(-time.Hour), now.Add(time.Hour), func(time.Time, time.Duration, int) {})
+				},
+				"ExportTenant": func() error {
+					return s.ExportTenant(ctx, "m", store.ExportFilter{Since: now.Add(-time.Hour), Until: now.Add(time.Hour), EndpointID: ep.ID, EventType: ev.Type},
+						func(store.ExportRow) error { return nil })
+				},
+				"Resend": func() error {
+					a := store.AuditRow{At: now, Tenant: "m", Action: "delivery.resend"}
+					_, err := s.Resend(ctx, "m", claimed[1].ID, now, &a)
+					if err == nil {
+						_, err = s.Resend(ctx, "m", claimed[0].ID, now, &a)
+					}
+					return err
+				},
+				"InsertTargeted": func() error {
+					a := store.AuditRow{At: now, Tenant: "m", Action: "endpoint.send_test"}
+					_, err := s.InsertTargeted(ctx, store.NewEvent{ID: "txtest_1", Tenant: "m", Type: "t", Payload: `{}`, Version: 1, CreatedAt: now}, ep.ID, &a)
+					return err
+				},
+				"InsertAudit": func() error {
+					return s.InsertAudit(ctx, db.DB, store.AuditRow{At: now, Tenant: "m", Action: "x", Detail: []byte(`{"a":1}`)})
+				},
+				"ListAudit": func() error {
+					_, err := s.ListAudit(ctx, store.AuditFilter{Tenant: "m", Action: "x", Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.AuditCursor{At: now.Add(time.Hour), ID: 1 << 40}, 10)
+					return err
+				},
+				"PruneAudit":       func() error { _, err := s.PruneAudit(ctx, now.Add(time.Hour), 10); return err },
 				"PruneFinished":    func() error { _, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10); return err },
 				"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
 				"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
@@ -285,7 +321,8 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 				"Complete", "Attempts", "AttemptsOfDeliveries", "Delivery", "DeliveriesOfEvent", "DeliveriesOfEndpoint", "EndpointHealth",
 				"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
 				"RecordAttemptTimes", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
-				"RecoverCandidates", "Recover", "PruneFinished", "PruneDeadLetters", "PruneEvents", "DeleteEndpoint"}
+				"RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
+				"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit", "PruneFinished", "PruneDeadLetters", "PruneEvents", "DeleteEndpoint"}
 			if len(order) != len(calls) {
 				t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
 			}

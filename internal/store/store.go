@@ -246,7 +246,8 @@ func (s *Store) Rebind(q string) string {
 // Tx runs fn in a write transaction. On SQLite it begins with BEGIN
 // IMMEDIATE so that the write lock is taken up front: a deferred
 // transaction that reads and then writes can fail with SQLITE_BUSY instead
-// of waiting.
+// of waiting. The first transaction committed in a ctx made by WithAudit
+// writes that audit row too.
 func (s *Store) Tx(ctx context.Context, fn func(q Querier) error) (err error) {
 	if s.Dialect == SQLite {
 		conn, err := s.DB.Conn(ctx)
@@ -257,7 +258,8 @@ func (s *Store) Tx(ctx context.Context, fn func(q Querier) error) (err error) {
 		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 			return err
 		}
-		if err := fn(conn); err != nil {
+		committed, err := s.txBody(ctx, conn, fn)
+		if err != nil {
 			// The rollback must run even when ctx is done, or the pooled
 			// connection would go back with an open transaction.
 			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
@@ -267,17 +269,31 @@ func (s *Store) Tx(ctx context.Context, fn func(q Querier) error) (err error) {
 			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
 			return err
 		}
+		committed()
 		return nil
 	}
 	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	committed, err := s.txBody(ctx, tx, fn)
+	if err != nil {
 		_ = tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	committed()
+	return nil
+}
+
+// txBody runs fn, then writes the audit row ctx carries (WithAudit).
+func (s *Store) txBody(ctx context.Context, q Querier, fn func(q Querier) error) (committed func(), err error) {
+	if err := fn(q); err != nil {
+		return nil, err
+	}
+	return s.auditInTx(ctx, q)
 }
 
 // ErrNotFound is returned when a row does not exist.

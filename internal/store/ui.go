@@ -66,7 +66,7 @@ func (s *Store) AttemptsOfDeliveries(ctx context.Context, ids []int64) ([]Attemp
 		return nil, nil
 	}
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error
-FROM txhook_attempts WHERE `+s.idsIn("delivery_id")+` ORDER BY delivery_id, attempt, id`), jsonIDs(ids))
+FROM txhook_attempt_log WHERE `+s.idsIn("delivery_id")+` ORDER BY delivery_id, attempt, id`), jsonIDs(ids))
 	if err != nil {
 		return nil, err
 	}

@@ -337,3 +337,45 @@ func TestLibraryImportsNoMigrationTool(t *testing.T) {
 		}
 	}
 }
+
+// Going down from version 8 keeps the attempt log: the first attempts that
+// succeeded, recorded in their deliveries' rows since 8, become rows of
+// txhook_attempts again.
+func TestDownFrom8KeepsInlineAttempts(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		ctx := context.Background()
+		p := gooseProvider(t, db)
+		if _, err := p.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
+		deliver(t, db)
+		count := func(q string) int {
+			t.Helper()
+			var n int
+			if err := db.DB.QueryRowContext(ctx, q).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		// The relay writes the outcome just after the receiver answered.
+		deadline := time.Now().Add(30 * time.Second)
+		for count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") != 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("the delivery's outcome was not written")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n, log := count("SELECT count(*) FROM txhook_attempts"), count("SELECT count(*) FROM txhook_attempt_log"); n != 0 || log != 1 {
+			t.Fatalf("at version 8: %d attempt rows, %d in the log; want 0 and 1", n, log)
+		}
+		if _, err := p.DownTo(ctx, 7); err != nil {
+			t.Fatal(err)
+		}
+		if n := count("SELECT count(*) FROM txhook_attempts WHERE attempt = 1 AND error = '' AND status = 200"); n != 1 {
+			t.Fatalf("after going down from 8: %d attempt rows for the first attempt, want 1", n)
+		}
+		if _, err := p.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
