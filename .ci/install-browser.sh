@@ -23,21 +23,8 @@ else
 		log "must run as root to install chromium"
 		exit 1
 	fi
-	export DEBIAN_FRONTEND=noninteractive
-	# has_candidate PACKAGE: apt knows a version of PACKAGE it could install.
-	has_candidate() {
-		local policy
-		policy=$(apt-cache policy "$1" 2>/dev/null) || return 1
-		[[ $policy =~ Candidate:\ [^\ \(] ]]
-	}
-	install() { apt-get install -y --no-install-recommends chromium; }
-	if has_candidate chromium && install; then
-		:
-	else
-		log "updating the package lists"
-		apt-get update
-		install
-	fi
+	source "$(dirname "$0")/apt.sh"
+	apt_install chromium
 fi
 
 if [[ ! -x $chromium ]]; then

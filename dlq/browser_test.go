@@ -6,94 +6,31 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/txhook/txhook/dlq"
+	"github.com/txhook/txhook/internal/testbrowser"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/retry"
 )
 
-// Environment of the browser tests.
-const (
-	// envRequireBrowser, set to 1, makes a missing Chromium fail the
-	// browser test instead of skipping it (CI sets it).
-	envRequireBrowser = "TXHOOK_REQUIRE_BROWSER"
-	// envChromium overrides where Chromium is.
-	envChromium = "TXHOOK_CHROMIUM"
-	// envScreenshot, set to a file path, makes TestUIScreenshot save a
-	// screenshot of the dead-letter page there (docs/ui.png).
-	envScreenshot = "TXHOOK_UI_SCREENSHOT"
-)
-
-func chromiumPath() string {
-	if p := os.Getenv(envChromium); p != "" {
-		return p
-	}
-	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
-		return "/usr/bin/chromium"
-	}
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
+// envScreenshot, set to a file path, makes TestUIScreenshot save a
+// screenshot of the dead-letter page there (docs/ui.png).
+const envScreenshot = "TXHOOK_UI_SCREENSHOT"
 
 // browser starts headless Chromium with the UI's bearer token on every
-// request, and returns its context; everything is shut down when t ends.
+// request (see internal/testbrowser), and returns its context.
 func browser(t *testing.T) context.Context {
 	t.Helper()
-	path := chromiumPath()
-	if path == "" {
-		if os.Getenv(envRequireBrowser) == "1" {
-			t.Fatalf("Chromium not found but %s=1: install Debian's chromium (.ci/install-browser.sh) or set %s", envRequireBrowser, envChromium)
-		}
-		t.Skipf("browser test skipped: Chromium not found at /usr/bin/chromium (install Debian's chromium, or set %s); %s=1 makes this a failure", envChromium, envRequireBrowser)
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		// Without these Chromium waits on the network for updates,
-		// sync and QUIC probes, and hangs on a closed network.
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.WindowSize(1440, 900),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	bctx, cancelBrowser := chromedp.NewContext(actx)
-	t.Cleanup(cancelBrowser)
-	ctx, cancel := context.WithTimeout(bctx, 3*time.Minute)
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting Chromium (%s): %v", path, err)
-	}
-	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{
-		Headers: network.Headers{"Authorization": opsToken},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return ctx
+	return testbrowser.Start(t, 1440, 900, 3*time.Minute, map[string]string{"Authorization": opsToken})
 }
 
 func TestBrowserReplaysADeadLetter(t *testing.T) {
@@ -227,11 +164,7 @@ func TestBrowserReplaysADeadLetter(t *testing.T) {
 // text reads the visible text of the first element matching a CSS selector.
 func text(t *testing.T, ctx context.Context, css string) string {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(css)))
-	if err != nil {
-		t.Fatalf("reading %s: %v", css, err)
-	}
-	return s
+	return testbrowser.Text(t, ctx, css)
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {

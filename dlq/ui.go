@@ -3,11 +3,7 @@ package dlq
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
 	"embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -19,6 +15,7 @@ import (
 	"time"
 
 	"github.com/txhook/txhook/internal/link"
+	"github.com/txhook/txhook/internal/webui"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -107,25 +104,14 @@ func NewUI(ob *outbox.Outbox, cfg UIConfig) (http.Handler, error) {
 	if cfg.Authorize == nil {
 		return nil, errors.New("txhook: dlq.NewUI: UIConfig.Authorize is required (there is no default open access)")
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = "/"
+	prefix, err := webui.Prefix(cfg.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("txhook: dlq.NewUI: %w", err)
 	}
-	if !strings.HasPrefix(cfg.Prefix, "/") {
-		cfg.Prefix = "/" + cfg.Prefix
-	}
-	if !strings.HasSuffix(cfg.Prefix, "/") {
-		cfg.Prefix += "/"
-	}
-	if strings.ContainsAny(cfg.Prefix, "?#\"'<> ") {
-		return nil, fmt.Errorf("txhook: dlq.NewUI: invalid Prefix %q", cfg.Prefix)
-	}
-	if cfg.CSRFKey == nil {
-		cfg.CSRFKey = make([]byte, 32)
-		if _, err := rand.Read(cfg.CSRFKey); err != nil {
-			return nil, err
-		}
-	} else if len(cfg.CSRFKey) < 32 {
-		return nil, errors.New("txhook: dlq.NewUI: CSRFKey must be at least 32 bytes")
+	cfg.Prefix = prefix
+	csrf, err := webui.NewCSRF(cfg.CSRFKey, "txhook-ui-csrf", "txhook_csrf", cfg.Prefix, cfg.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("txhook: dlq.NewUI: CSRFKey: %w", err)
 	}
 	if cfg.HealthWindow <= 0 {
 		cfg.HealthWindow = outbox.DefaultHealthWindow
@@ -135,7 +121,7 @@ func NewUI(ob *outbox.Outbox, cfg UIConfig) (http.Handler, error) {
 	}
 	cfg.PageSize = min(cfg.PageSize, 500)
 
-	u := &ui{ob: ob, q: New(ob), in: link.Outbox(ob), cfg: cfg, cop: http.NewCrossOriginProtection()}
+	u := &ui{ob: ob, q: New(ob), in: link.Outbox(ob), cfg: cfg, csrf: csrf}
 	u.log = u.in.Logger
 	if err := u.parse(); err != nil {
 		return nil, err
@@ -176,146 +162,31 @@ type ui struct {
 	in    link.Internals
 	log   *slog.Logger
 	cfg   UIConfig
-	cop   *http.CrossOriginProtection
+	csrf  *webui.CSRF
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 }
 
-const (
-	csrfCookie       = "txhook_csrf"
-	csrfSecureCookie = "__Host-txhook_csrf"
-	csrfField        = "csrf"
-	maxForm          = 1 << 20
-)
+const csrfField = "csrf"
 
 func (u *ui) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h := w.Header()
-	h.Set("Content-Security-Policy", "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cache-Control", "no-store")
+	webui.SecurityHeaders(w.Header(), "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'", false)
 	if !u.cfg.Authorize(r) {
 		http.Error(w, "403 forbidden", http.StatusForbidden)
 		return
 	}
-
-	// Accept the path with the prefix (mounted as is) or without it
-	// (behind http.StripPrefix).
-	p := r.URL.Path
-	switch {
-	case strings.HasPrefix(p, u.cfg.Prefix):
-		p = "/" + p[len(u.cfg.Prefix):]
-	case p+"/" == u.cfg.Prefix:
-		http.Redirect(w, r, u.cfg.Prefix, http.StatusFound)
+	r2 := webui.Strip(w, r, u.cfg.Prefix)
+	if r2 == nil {
 		return
-	case !strings.HasPrefix(p, "/"):
-		p = "/" + p
 	}
-	r2 := new(http.Request)
-	*r2 = *r
-	u2 := *r.URL
-	u2.Path, u2.RawPath = p, ""
-	r2.URL = &u2
-
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		if err := u.checkCSRF(w, r2); err != nil {
+		if err := u.csrf.Check(w, r2, csrfField, ""); err != nil {
 			u.log.Warn("txhook: ui refused a request", "method", r.Method, "path", r.URL.Path, "reason", err.Error(), "remote", r.RemoteAddr)
 			http.Error(w, "403 forbidden: "+err.Error(), http.StatusForbidden)
 			return
 		}
 	}
 	u.mux.ServeHTTP(w, r2)
-}
-
-// checkCSRF checks a state-changing request: not cross-origin by the
-// browser's own account, and carrying the token of its CSRF cookie.
-func (u *ui) checkCSRF(w http.ResponseWriter, r *http.Request) error {
-	if err := u.cop.Check(r); err != nil {
-		return errors.New("cross-origin request")
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	if err := r.ParseForm(); err != nil {
-		return errors.New("unreadable form")
-	}
-	c, err := r.Cookie(u.csrfCookie(r))
-	if err != nil || !validNonce(c.Value) {
-		return errors.New("missing CSRF cookie; reload the page")
-	}
-	got := r.PostForm.Get(csrfField)
-	if got == "" {
-		return errors.New("missing CSRF token")
-	}
-	if !hmac.Equal([]byte(got), []byte(u.token(c.Value))) {
-		return errors.New("wrong CSRF token; reload the page")
-	}
-	return nil
-}
-
-func validNonce(s string) bool {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	return err == nil && len(b) == 32
-}
-
-func (u *ui) token(nonce string) string {
-	m := hmac.New(sha256.New, u.cfg.CSRFKey)
-	m.Write([]byte("txhook-ui-csrf\x00"))
-	m.Write([]byte(nonce))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
-
-// csrf returns the form token for the request's CSRF cookie, setting a new
-// cookie when it has none.
-func (u *ui) csrf(w http.ResponseWriter, r *http.Request) string {
-	name := u.csrfCookie(r)
-	if c, err := r.Cookie(name); err == nil && validNonce(c.Value) {
-		return u.token(c.Value)
-	}
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	nonce := base64.RawURLEncoding.EncodeToString(b)
-	c := &http.Cookie{Name: name, Value: nonce, Path: u.cfg.Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode}
-	if name == csrfSecureCookie {
-		c.Path, c.Secure = "/", true
-	}
-	http.SetCookie(w, c)
-	return u.token(nonce)
-}
-
-// csrfCookie names the CSRF cookie of r: the __Host- one over TLS.
-func (u *ui) csrfCookie(r *http.Request) string {
-	if u.overTLS(r) {
-		return csrfSecureCookie
-	}
-	return csrfCookie
-}
-
-// overTLS reports whether r reached the UI's server over TLS, or reached
-// a trusted proxy over TLS by that proxy's X-Forwarded-Proto.
-func (u *ui) overTLS(r *http.Request) bool {
-	if r.TLS != nil {
-		return true
-	}
-	if len(u.cfg.TrustedProxies) == 0 {
-		return false
-	}
-	peer, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	trusted := false
-	for _, p := range u.cfg.TrustedProxies {
-		trusted = trusted || p.Contains(peer.Addr().Unmap())
-	}
-	vals := r.Header.Values("X-Forwarded-Proto")
-	if !trusted || len(vals) == 0 {
-		return false
-	}
-	last := vals[len(vals)-1]
-	if i := strings.LastIndexByte(last, ','); i >= 0 {
-		last = last[i+1:]
-	}
-	return strings.EqualFold(strings.TrimSpace(last), "https")
 }
 
 // page is what every template gets.
@@ -336,7 +207,7 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, status int, name str
 		panic("txhook: dlq: no template " + name)
 	}
 	p.Prefix, p.Now = u.cfg.Prefix, u.in.Clock.Now().UTC()
-	p.CSRF = u.csrf(w, r)
+	p.CSRF = u.csrf.Token(w, r, "")
 	if p.Flash == "" {
 		p.Flash, p.Error = flash(r)
 	}
@@ -422,11 +293,11 @@ func (u *ui) redirect(w http.ResponseWriter, r *http.Request, rel string) {
 func (u *ui) parse() error {
 	funcs := template.FuncMap{
 		"path":    u.path,
-		"time":    fmtTime,
+		"time":    webui.Time,
 		"ago":     func(now, t time.Time) string { return ago(now, t) },
-		"dur":     fmtDur,
+		"dur":     webui.Duration,
 		"pct":     func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
-		"status":  fmtStatus,
+		"status":  webui.Status,
 		"plural":  plural,
 		"healthy": healthClass,
 		"list":    func(v ...any) []any { return v },

@@ -2,32 +2,14 @@ package dlq
 
 import (
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
+	"github.com/txhook/txhook/internal/webui"
 	"github.com/txhook/txhook/outbox"
 )
 
 // path is the URL of a page of the UI: the prefix and the escaped parts.
-func (u *ui) path(parts ...any) string {
-	var b strings.Builder
-	b.WriteString(u.cfg.Prefix)
-	for i, p := range parts {
-		if i > 0 {
-			b.WriteByte('/')
-		}
-		b.WriteString(url.PathEscape(fmt.Sprint(p)))
-	}
-	return b.String()
-}
-
-func fmtTime(t time.Time) string {
-	if t.IsZero() {
-		return "—"
-	}
-	return t.UTC().Format("2006-01-02 15:04:05Z")
-}
+func (u *ui) path(parts ...any) string { return webui.Path(u.cfg.Prefix, parts...) }
 
 // ago says how long before now t was, roughly.
 func ago(now, t time.Time) string {
@@ -45,23 +27,7 @@ func ago(now, t time.Time) string {
 }
 
 func roughly(d time.Duration) string {
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm", int(d/time.Minute))
-	case d < 24*time.Hour:
-		h, m := int(d/time.Hour), int(d%time.Hour/time.Minute)
-		if m == 0 {
-			return fmt.Sprintf("%dh", h)
-		}
-		return fmt.Sprintf("%dh %dm", h, m)
-	}
-	days, h := int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour)
-	if h == 0 {
-		return fmt.Sprintf("%dd", days)
-	}
-	return fmt.Sprintf("%dd %dh", days, h)
+	return webui.Roughly(d, webui.Units{S: "s", M: "m", H: "h", D: "d"})
 }
 
 // span names a window: "24 hours", "7 days".
@@ -85,26 +51,7 @@ func reason(status int, err string) string {
 	if err != "" {
 		return err
 	}
-	return fmtStatus(status)
-}
-
-func fmtDur(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "—"
-	case d < time.Millisecond:
-		return fmt.Sprintf("%d µs", d.Microseconds())
-	case d < time.Second:
-		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
-	}
-	return fmt.Sprintf("%.2f s", d.Seconds())
-}
-
-func fmtStatus(s int) string {
-	if s == 0 {
-		return "—"
-	}
-	return fmt.Sprint(s)
+	return webui.Status(status)
 }
 
 func plural(n int, word string) string {

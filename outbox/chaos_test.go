@@ -35,10 +35,7 @@ const (
 // goroutine.
 func spawnRelay(db *testdb.DB, id string, stderr io.Writer, env ...string) (*child, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), env...),
-		"TXHOOK_TEST_CHILD=relay",
-		"TXHOOK_CHILD_DRIVER="+db.Backend.Driver,
-		"TXHOOK_CHILD_DSN="+db.DSN,
+	cmd.Env = append(append(childEnv(db), env...),
 		"TXHOOK_CHILD_LEASE=3s",
 		"TXHOOK_CHILD_TIMEOUT=1s",
 		"TXHOOK_CHILD_CONCURRENCY=8",

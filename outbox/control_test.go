@@ -234,25 +234,29 @@ func (k *keyedReceiver) wait(t *testing.T) {
 }
 
 func TestOrderedDeliveryPerKey(t *testing.T) {
-	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		b := setup(t, db, outbox.Config{})
-		const keys, rounds = 8, 15
-		k := newKeyedReceiver(t, b, keys*rounds)
-		// Two relays in this process, and unkeyed traffic alongside.
-		b.relay(outbox.RelayConfig{Retry: fastRetry(), BreakerThreshold: -1})
-		b.relay(outbox.RelayConfig{Retry: fastRetry(), BreakerThreshold: -1})
-		other := newReceiver(t, nil)
-		b.endpoint("n", other.URL)
-		for i := range 20 {
-			b.enqueue(outbox.Event{Tenant: "n", Type: "x", Payload: []byte(strconv.Itoa(i))})
-		}
-		enqueueKeyed(b, keys, rounds)
-		k.wait(t)
-		b.eventually("unkeyed traffic delivered", func() bool { return len(other.requests()) == 20 })
-		if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'blocked'"); n != 0 {
-			t.Fatalf("%d deliveries still blocked", n)
-		}
-	})
+	testdb.Each(t, orderedPerKey)
+}
+
+// orderedPerKey: two relays in one process deliver each key's events in
+// order, one at a time.
+func orderedPerKey(t *testing.T, db *testdb.DB) {
+	b := setup(t, db, outbox.Config{})
+	const keys, rounds = 8, 15
+	k := newKeyedReceiver(t, b, keys*rounds)
+	// Two relays in this process, and unkeyed traffic alongside.
+	b.relay(outbox.RelayConfig{Retry: fastRetry(), BreakerThreshold: -1})
+	b.relay(outbox.RelayConfig{Retry: fastRetry(), BreakerThreshold: -1})
+	other := newReceiver(t, nil)
+	b.endpoint("n", other.URL)
+	for i := range 20 {
+		b.enqueue(outbox.Event{Tenant: "n", Type: "x", Payload: []byte(strconv.Itoa(i))})
+	}
+	enqueueKeyed(b, keys, rounds)
+	k.wait(t)
+	b.eventually("unkeyed traffic delivered", func() bool { return len(other.requests()) == 20 })
+	if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'blocked'"); n != 0 {
+		t.Fatalf("%d deliveries still blocked", n)
+	}
 }
 
 func TestOrderedDeliveryAcrossRelayProcesses(t *testing.T) {
@@ -260,18 +264,21 @@ func TestOrderedDeliveryAcrossRelayProcesses(t *testing.T) {
 		t.Skip("starts subprocesses")
 	}
 	for _, be := range testdb.PostgresBackends {
-		t.Run(be.Name, func(t *testing.T) {
-			db := testdb.Open(t, be)
-			b := setup(t, db, outbox.Config{})
-			const keys, rounds = 20, 30
-			k := newKeyedReceiver(t, b, keys*rounds)
-			for i := range 3 {
-				startRelayProcess(t, db, fmt.Sprintf("ordered-%d", i), 30*time.Second, 5*time.Second, 8, "TXHOOK_CHILD_FAST_RETRY=1")
-			}
-			enqueueKeyed(b, keys, rounds)
-			k.wait(t)
-		})
+		t.Run(be.Name, func(t *testing.T) { orderedAcrossProcesses(t, testdb.Open(t, be)) })
 	}
+}
+
+// orderedAcrossProcesses: three relay processes deliver each key's events
+// in order.
+func orderedAcrossProcesses(t *testing.T, db *testdb.DB) {
+	b := setup(t, db, outbox.Config{})
+	const keys, rounds = 20, 30
+	k := newKeyedReceiver(t, b, keys*rounds)
+	for i := range 3 {
+		startRelayProcess(t, db, fmt.Sprintf("ordered-%d", i), 30*time.Second, 5*time.Second, 8, "TXHOOK_CHILD_FAST_RETRY=1")
+	}
+	enqueueKeyed(b, keys, rounds)
+	k.wait(t)
 }
 
 func TestDeadLetterUnblocksTheNextOfItsKey(t *testing.T) {

@@ -64,6 +64,14 @@
 // ErrNotMigrated. On PostgreSQL, Config.Schema puts the tables in a schema
 // of their own, named in every statement rather than set in a search_path.
 //
+// Behind PgBouncer in transaction mode, set Config.TransactionPooling (no
+// prepared statements; New checks that the driver sends each statement in
+// one piece: binary_parameters=yes for lib/pq,
+// default_query_exec_mode=cache_describe for pgx) and give relays a
+// Listener on a direct connection (pqlisten.New or
+// pgxoutbox.DirectListener with a DSN that bypasses PgBouncer). txhook keeps
+// no other session state: its advisory locks are transaction locks.
+//
 // # Secrets at rest
 //
 // With Config.SecretCipher set (AESGCM, or a host's KMS behind Cipher),

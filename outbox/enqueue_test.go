@@ -14,69 +14,73 @@ import (
 )
 
 func TestEnqueueRollbackLeavesNothingCommitDeliversOnce(t *testing.T) {
-	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		b := setup(t, db, outbox.Config{})
-		rc := newReceiver(t, nil)
-		ep := b.endpoint("merchant_1", rc.URL)
+	testdb.Each(t, enqueueRollbackThenCommit)
+}
 
-		// Rolled back: nothing remains.
-		tx, err := db.BeginTx(b.ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.ob.Enqueue(b.ctx, tx, outbox.Event{Tenant: "merchant_1", Type: "payment.succeeded", Payload: []byte(`{"amount":100}`)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Rollback(); err != nil {
-			t.Fatal(err)
-		}
-		if n := b.count("SELECT count(*) FROM txhook_events"); n != 0 {
-			t.Fatalf("events after rollback = %d", n)
-		}
-		if n := b.count("SELECT count(*) FROM txhook_deliveries"); n != 0 {
-			t.Fatalf("deliveries after rollback = %d", n)
-		}
+// enqueueRollbackThenCommit: a rolled-back Enqueue leaves nothing, a
+// committed one is delivered once, signed.
+func enqueueRollbackThenCommit(t *testing.T, db *testdb.DB) {
+	b := setup(t, db, outbox.Config{})
+	rc := newReceiver(t, nil)
+	ep := b.endpoint("merchant_1", rc.URL)
 
-		b.relay(outbox.RelayConfig{})
-		id := b.enqueue(outbox.Event{Tenant: "merchant_1", Type: "payment.succeeded", Payload: []byte(`{"amount":100}`)})
+	// Rolled back: nothing remains.
+	tx, err := db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ob.Enqueue(b.ctx, tx, outbox.Event{Tenant: "merchant_1", Type: "payment.succeeded", Payload: []byte(`{"amount":100}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count("SELECT count(*) FROM txhook_events"); n != 0 {
+		t.Fatalf("events after rollback = %d", n)
+	}
+	if n := b.count("SELECT count(*) FROM txhook_deliveries"); n != 0 {
+		t.Fatalf("deliveries after rollback = %d", n)
+	}
 
-		got := rc.next(t)
-		if got.Header.Get("Webhook-Id") != id {
-			t.Fatalf("webhook-id %q, want %q", got.Header.Get("Webhook-Id"), id)
-		}
-		if ct := got.Header.Get("Content-Type"); ct != "application/json" {
-			t.Fatalf("content type %q", ct)
-		}
-		if et := got.Header.Get(outbox.HeaderEventType); et != "payment.succeeded" {
-			t.Fatalf("event type header %q", et)
-		}
-		if ua := got.Header.Get("User-Agent"); !strings.Contains(ua, "txhook") {
-			t.Fatalf("user agent %q", ua)
-		}
-		if _, err := (signer.Standard{}).Verify(got.Header, got.Body, []string{ep.Secrets[0].Value}); err != nil {
-			t.Fatalf("signature does not verify: %v", err)
-		}
-		var env struct {
-			ID, Type, Timestamp string
-			Data                json.RawMessage
-		}
-		if err := json.Unmarshal(got.Body, &env); err != nil {
-			t.Fatalf("body %s: %v", got.Body, err)
-		}
-		if env.ID != id || env.Type != "payment.succeeded" || string(env.Data) != `{"amount":100}` || env.Timestamp == "" {
-			t.Fatalf("envelope %s", got.Body)
-		}
+	b.relay(outbox.RelayConfig{})
+	id := b.enqueue(outbox.Event{Tenant: "merchant_1", Type: "payment.succeeded", Payload: []byte(`{"amount":100}`)})
 
-		b.eventually("delivery recorded as succeeded", func() bool {
-			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1
-		})
-		if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE status = 200 AND attempt = 1"); n != 1 {
-			t.Fatalf("attempt records = %d", n)
-		}
-		if n := len(rc.requests()); n != 1 {
-			t.Fatalf("receiver got %d requests, want 1", n)
-		}
+	got := rc.next(t)
+	if got.Header.Get("Webhook-Id") != id {
+		t.Fatalf("webhook-id %q, want %q", got.Header.Get("Webhook-Id"), id)
+	}
+	if ct := got.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("content type %q", ct)
+	}
+	if et := got.Header.Get(outbox.HeaderEventType); et != "payment.succeeded" {
+		t.Fatalf("event type header %q", et)
+	}
+	if ua := got.Header.Get("User-Agent"); !strings.Contains(ua, "txhook") {
+		t.Fatalf("user agent %q", ua)
+	}
+	if _, err := (signer.Standard{}).Verify(got.Header, got.Body, []string{ep.Secrets[0].Value}); err != nil {
+		t.Fatalf("signature does not verify: %v", err)
+	}
+	var env struct {
+		ID, Type, Timestamp string
+		Data                json.RawMessage
+	}
+	if err := json.Unmarshal(got.Body, &env); err != nil {
+		t.Fatalf("body %s: %v", got.Body, err)
+	}
+	if env.ID != id || env.Type != "payment.succeeded" || string(env.Data) != `{"amount":100}` || env.Timestamp == "" {
+		t.Fatalf("envelope %s", got.Body)
+	}
+
+	b.eventually("delivery recorded as succeeded", func() bool {
+		return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1
 	})
+	if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE status = 200 AND attempt = 1"); n != 1 {
+		t.Fatalf("attempt records = %d", n)
+	}
+	if n := len(rc.requests()); n != 1 {
+		t.Fatalf("receiver got %d requests, want 1", n)
+	}
 }
 
 func TestEnqueueWithSqlxTx(t *testing.T) {

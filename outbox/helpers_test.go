@@ -44,7 +44,13 @@ func setup(t *testing.T, db *testdb.DB, cfg outbox.Config) *bundle {
 		cfg.AllowPrivateTargets = true
 	}
 	if cfg.Listener == nil {
-		cfg.Listener = testlisten.For(db.Backend.Driver, db.DSN)
+		cfg.Listener = testlisten.ForDB(db)
+	}
+	if db.Schema != "" && cfg.Schema == "" {
+		cfg.Schema = db.Schema
+	}
+	if db.Backend.Bouncer {
+		cfg.TransactionPooling = true
 	}
 	ob, err := outbox.New(ctx, db.DB, cfg)
 	if err != nil {
@@ -133,7 +139,22 @@ func (b *bundle) startRelay(ob *outbox.Outbox, cfg outbox.RelayConfig) *outbox.R
 func (b *bundle) count(query string, args ...any) int {
 	b.t.Helper()
 	var n int
-	if err := b.db.QueryRowContext(b.ctx, b.rebind(query), args...).Scan(&n); err != nil {
+	if b.db.Schema == "" {
+		if err := b.db.QueryRowContext(b.ctx, b.rebind(query), args...).Scan(&n); err != nil {
+			b.t.Fatalf("%s: %v", query, err)
+		}
+		return n
+	}
+	// Through PgBouncer: the test's schema for this transaction only.
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(b.ctx, `SET LOCAL search_path TO "`+b.db.Schema+`"`); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := tx.QueryRowContext(b.ctx, b.rebind(query), args...).Scan(&n); err != nil {
 		b.t.Fatalf("%s: %v", query, err)
 	}
 	return n

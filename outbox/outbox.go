@@ -155,6 +155,19 @@ type Config struct {
 	// others look for work once, and find none.
 	Schema string
 
+	// TransactionPooling says that the database is reached through a
+	// connection pooler in transaction mode, such as PgBouncer with
+	// pool_mode = transaction, which hands each transaction (and each
+	// statement outside one) to any of its server connections. txhook then
+	// prepares no statements, as prepared statements live on one server
+	// connection (PgBouncer 1.21 and later can track them instead, with
+	// max_prepared_statements). The driver must be set up for the pooler
+	// too (New checks lib/pq's and pgx's, and fails with ErrPoolerUnsafe
+	// when they would let the pooler split a statement across server
+	// connections), and LISTEN needs a direct connection: see PgBouncer in
+	// the README. Unused on SQLite.
+	TransactionPooling bool
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -217,8 +230,14 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 		cfg.NotifyInterval = DefaultNotifyInterval
 	}
 	st := store.New(db, d)
+	st.NoPrepare = cfg.TransactionPooling && d == store.Postgres
 	if cfg.Schema != "" {
 		if err := st.SetSchema(cfg.Schema); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TransactionPooling {
+		if err := st.CheckPooler(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -344,6 +363,11 @@ var (
 	// ErrInvalidSchema: Config.Schema is not a name txhook accepts, or is
 	// set on SQLite.
 	ErrInvalidSchema = store.ErrInvalidSchema
+	// ErrPoolerUnsafe: Config.TransactionPooling is set and the driver's
+	// settings would let the pooler run parts of one statement on two
+	// server connections (lib/pq without binary_parameters=yes, pgx in its
+	// default cache_statement mode); the message names the setting.
+	ErrPoolerUnsafe = store.ErrPoolerUnsafe
 )
 
 func init() {

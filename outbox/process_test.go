@@ -54,6 +54,12 @@ func runChildRelay() int {
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))}
 	cfg.Listener = testlisten.For(driver, dsn)
+	// Through PgBouncer (see childEnv).
+	if cfg.Schema = os.Getenv("TXHOOK_CHILD_SCHEMA"); os.Getenv("TXHOOK_CHILD_TX_POOLING") == "1" {
+		cfg.TransactionPooling = true
+		cfg.Listener = testlisten.ForDB(&testdb.DB{DirectDSN: os.Getenv("TXHOOK_CHILD_DIRECT_DSN"),
+			Backend: testdb.Backend{Driver: driver, Bouncer: true}})
+	}
 	ob, err := outbox.New(ctx, db, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -111,6 +117,20 @@ func (t relayTag) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.rt.RoundTrip(req)
 }
 
+// childEnv is the environment of a relay process on db.
+func childEnv(db *testdb.DB) []string {
+	env := append(os.Environ(),
+		"TXHOOK_TEST_CHILD=relay",
+		"TXHOOK_CHILD_DRIVER="+db.Backend.Driver,
+		"TXHOOK_CHILD_DSN="+db.DSN,
+		"TXHOOK_CHILD_SCHEMA="+db.Schema,
+	)
+	if db.Backend.Bouncer {
+		env = append(env, "TXHOOK_CHILD_TX_POOLING=1", "TXHOOK_CHILD_DIRECT_DSN="+db.DirectDSN)
+	}
+	return env
+}
+
 type child struct {
 	cmd       *exec.Cmd
 	succeeded chan int      // the SUCCEEDED count printed at a graceful exit
@@ -128,10 +148,7 @@ func fastRetryAttempts(n int) retry.Policy {
 func startRelayProcess(t *testing.T, db *testdb.DB, id string, lease, timeout time.Duration, conc int, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), env...),
-		"TXHOOK_TEST_CHILD=relay",
-		"TXHOOK_CHILD_DRIVER="+db.Backend.Driver,
-		"TXHOOK_CHILD_DSN="+db.DSN,
+	cmd.Env = append(append(childEnv(db), env...),
 		"TXHOOK_CHILD_LEASE="+lease.String(),
 		"TXHOOK_CHILD_TIMEOUT="+timeout.String(),
 		"TXHOOK_CHILD_CONCURRENCY="+strconv.Itoa(conc),
@@ -296,64 +313,68 @@ func TestRelayProcessKilledMidDeliveryLosesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts subprocesses")
 	}
-	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
-		b := setup(t, db, outbox.Config{Logger: quietLogger()})
-		const events = 200
-		l := newLedger(events)
-		// The first relay's requests hang until it is killed.
-		l.hold = make(chan struct{})
-		l.holdingSeen = make(chan struct{})
-		l.holdTarget = 4
-		srv := httptest.NewServer(l)
-		t.Cleanup(srv.Close)
-		b.endpoint("m", srv.URL)
-		ids := map[string]bool{}
-		for i := 0; i < events; i++ {
-			ids[b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})] = true
-		}
+	testdb.Each(t, relayKilledMidDelivery)
+}
 
-		first := startRelayProcess(t, db, "doomed", 3*time.Second, 1*time.Second, 4)
-		select {
-		case <-l.holdingSeen:
-		case <-time.After(waitFor):
-			t.Fatal("the first relay never had requests in flight")
-		}
-		// SIGKILL: no chance to release, complete or flush anything.
-		first.kill()
-		l.mu.Lock()
-		close(l.hold)
-		l.hold = nil
-		l.mu.Unlock()
+// relayKilledMidDelivery SIGKILLs a relay process with requests in
+// flight; a second one delivers every event.
+func relayKilledMidDelivery(t *testing.T, db *testdb.DB) {
+	b := setup(t, db, outbox.Config{Logger: quietLogger()})
+	const events = 200
+	l := newLedger(events)
+	// The first relay's requests hang until it is killed.
+	l.hold = make(chan struct{})
+	l.holdingSeen = make(chan struct{})
+	l.holdTarget = 4
+	srv := httptest.NewServer(l)
+	t.Cleanup(srv.Close)
+	b.endpoint("m", srv.URL)
+	ids := map[string]bool{}
+	for i := 0; i < events; i++ {
+		ids[b.enqueue(outbox.Event{Tenant: "m", Type: "payment.succeeded", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})] = true
+	}
 
-		second := startRelayProcess(t, db, "survivor", 3*time.Second, 1*time.Second, 8)
-		select {
-		case <-l.allArrived:
-		case <-time.After(waitFor):
-			l.mu.Lock()
-			t.Fatalf("only %d of %d events delivered after the crash", l.distinct, events)
-		}
-		b.eventually("every delivery recorded as succeeded", func() bool {
-			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
-		})
-		second.terminate(t)
+	first := startRelayProcess(t, db, "doomed", 3*time.Second, 1*time.Second, 4)
+	select {
+	case <-l.holdingSeen:
+	case <-time.After(waitFor):
+		t.Fatal("the first relay never had requests in flight")
+	}
+	// SIGKILL: no chance to release, complete or flush anything.
+	first.kill()
+	l.mu.Lock()
+	close(l.hold)
+	l.hold = nil
+	l.mu.Unlock()
+
+	second := startRelayProcess(t, db, "survivor", 3*time.Second, 1*time.Second, 8)
+	select {
+	case <-l.allArrived:
+	case <-time.After(waitFor):
 		l.mu.Lock()
-		defer l.mu.Unlock()
-		for id := range ids {
-			if l.delivered[id] == 0 {
-				t.Errorf("event %s never delivered", id)
-			}
-		}
-		if len(l.overlaps) > 0 {
-			t.Errorf("deliveries in flight twice at once: %v", l.overlaps)
-		}
-		// The killed relay's attempts are on record as lapsed leases.
-		if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE error LIKE 'lease expired%'"); n < 1 {
-			t.Errorf("no lapsed-lease attempt recorded")
-		}
-		if n := b.count("SELECT count(*) FROM txhook_dead_letters"); n != 0 {
-			t.Errorf("%d dead letters", n)
-		}
+		t.Fatalf("only %d of %d events delivered after the crash", l.distinct, events)
+	}
+	b.eventually("every delivery recorded as succeeded", func() bool {
+		return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
 	})
+	second.terminate(t)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id := range ids {
+		if l.delivered[id] == 0 {
+			t.Errorf("event %s never delivered", id)
+		}
+	}
+	if len(l.overlaps) > 0 {
+		t.Errorf("deliveries in flight twice at once: %v", l.overlaps)
+	}
+	// The killed relay's attempts are on record as lapsed leases.
+	if n := b.count("SELECT count(*) FROM txhook_attempt_log WHERE error LIKE 'lease expired%'"); n < 1 {
+		t.Errorf("no lapsed-lease attempt recorded")
+	}
+	if n := b.count("SELECT count(*) FROM txhook_dead_letters"); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
 }
 
 func TestTwoRelayProcessesNeverOverlap(t *testing.T) {
@@ -361,61 +382,64 @@ func TestTwoRelayProcessesNeverOverlap(t *testing.T) {
 		t.Skip("starts subprocesses")
 	}
 	for _, be := range testdb.PostgresBackends {
-		t.Run(be.Name, func(t *testing.T) {
-			db := testdb.Open(t, be)
-			b := setup(t, db, outbox.Config{Logger: quietLogger()})
-			const events = 5000
-			l := newLedger(events)
-			srv := httptest.NewServer(l)
-			t.Cleanup(srv.Close)
-			b.endpoint("m", srv.URL)
+		t.Run(be.Name, func(t *testing.T) { twoRelayProcesses(t, testdb.Open(t, be)) })
+	}
+}
 
-			a := startRelayProcess(t, db, "relay-a", 30*time.Second, 5*time.Second, 16)
-			c := startRelayProcess(t, db, "relay-b", 30*time.Second, 5*time.Second, 16)
-			// Enqueue while both relays run, in transactions of 50.
-			for i := 0; i < events; i += 50 {
-				tx, err := db.BeginTx(b.ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for k := i; k < i+50; k++ {
-					if _, err := b.ob.Enqueue(b.ctx, tx, outbox.Event{Tenant: "m", Type: "t", Payload: []byte(fmt.Sprintf(`{"k":%d}`, k))}); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
+// twoRelayProcesses delivers events enqueued while two relay processes
+// run, each exactly once.
+func twoRelayProcesses(t *testing.T, db *testdb.DB) {
+	b := setup(t, db, outbox.Config{Logger: quietLogger()})
+	const events = 5000
+	l := newLedger(events)
+	srv := httptest.NewServer(l)
+	t.Cleanup(srv.Close)
+	b.endpoint("m", srv.URL)
+
+	a := startRelayProcess(t, db, "relay-a", 30*time.Second, 5*time.Second, 16)
+	c := startRelayProcess(t, db, "relay-b", 30*time.Second, 5*time.Second, 16)
+	// Enqueue while both relays run, in transactions of 50.
+	for i := 0; i < events; i += 50 {
+		tx, err := db.BeginTx(b.ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := i; k < i+50; k++ {
+			if _, err := b.ob.Enqueue(b.ctx, tx, outbox.Event{Tenant: "m", Type: "t", Payload: []byte(fmt.Sprintf(`{"k":%d}`, k))}); err != nil {
+				t.Fatal(err)
 			}
-			select {
-			case <-l.allArrived:
-			case <-time.After(waitFor):
-				l.mu.Lock()
-				t.Fatalf("only %d of %d events delivered", l.distinct, events)
-			}
-			b.eventually("every delivery recorded as succeeded", func() bool {
-				return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
-			})
-			a.terminate(t)
-			c.terminate(t)
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if len(l.overlaps) > 0 {
-				t.Fatalf("%d deliveries in flight twice at once, e.g. %s", len(l.overlaps), l.overlaps[0])
-			}
-			if l.total != events {
-				t.Fatalf("receiver got %d requests for %d events: something was sent twice", l.total, events)
-			}
-			// Both relays did a share of the work.
-			na, nc := a.succeededCount(t), c.succeededCount(t)
-			if na == 0 || nc == 0 || na+nc != events {
-				t.Fatalf("relay-a delivered %d, relay-b %d; want both > 0 and %d in all", na, nc, events)
-			}
-			t.Logf("relay-a delivered %d, relay-b %d", na, nc)
-			if n := b.count("SELECT count(*) FROM txhook_attempt_log"); n != events {
-				t.Fatalf("%d attempt records, want %d", n, events)
-			}
-		})
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-l.allArrived:
+	case <-time.After(waitFor):
+		l.mu.Lock()
+		t.Fatalf("only %d of %d events delivered", l.distinct, events)
+	}
+	b.eventually("every delivery recorded as succeeded", func() bool {
+		return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
+	})
+	a.terminate(t)
+	c.terminate(t)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.overlaps) > 0 {
+		t.Fatalf("%d deliveries in flight twice at once, e.g. %s", len(l.overlaps), l.overlaps[0])
+	}
+	if l.total != events {
+		t.Fatalf("receiver got %d requests for %d events: something was sent twice", l.total, events)
+	}
+	// Both relays did a share of the work.
+	na, nc := a.succeededCount(t), c.succeededCount(t)
+	if na == 0 || nc == 0 || na+nc != events {
+		t.Fatalf("relay-a delivered %d, relay-b %d; want both > 0 and %d in all", na, nc, events)
+	}
+	t.Logf("relay-a delivered %d, relay-b %d", na, nc)
+	if n := b.count("SELECT count(*) FROM txhook_attempt_log"); n != events {
+		t.Fatalf("%d attempt records, want %d", n, events)
 	}
 }
 

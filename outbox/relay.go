@@ -356,7 +356,11 @@ func (r *Relay) listen(ctx context.Context) {
 		return
 	}
 	if r.o.cfg.Listener == nil {
-		r.log.Warn("txhook: no Config.Listener, so the relay finds new events by polling; set it (pgxoutbox.Listener or pqlisten.New) to be woken at commit", "interval", r.cfg.PollInterval)
+		hint := "set it (pgxoutbox.Listener or pqlisten.New) to be woken at commit"
+		if r.o.cfg.TransactionPooling {
+			hint = "set it to pgxoutbox.DirectListener or pqlisten.New with a DSN that bypasses the pooler, to be woken at commit"
+		}
+		r.log.Warn("txhook: no Config.Listener, so the relay finds new events by polling; "+hint, "interval", r.cfg.PollInterval)
 		return
 	}
 	go func() {

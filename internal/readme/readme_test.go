@@ -32,6 +32,7 @@ var packages = map[string]string{
 	"metric":      "go.opentelemetry.io/otel/metric",
 	"trace":       "go.opentelemetry.io/otel/trace",
 	"dlq":         "github.com/txhook/txhook/dlq",
+	"portal":      "github.com/txhook/txhook/outbox/portal",
 	"outbox":      "github.com/txhook/txhook/outbox",
 	"metrics":     "github.com/txhook/txhook/outbox/metrics",
 	"migrations":  "github.com/txhook/txhook/outbox/migrations",

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"reflect"
 	"sort"
 	"strings"
@@ -156,7 +157,15 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 			keyed := store.NewEvent{ID: "evt_2", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, OrderingKey: "k", CreatedAt: now}
 			var claimed []store.Claimed
 			calls := map[string]func() error{
-				"CheckSchema":    func() error { return s.CheckSchema(ctx) },
+				"CheckSchema": func() error { return s.CheckSchema(ctx) },
+				// Names no table; the test's DSN has the drivers' default
+				// settings, which it refuses.
+				"CheckPooler": func() error {
+					if err := s.CheckPooler(ctx); !errors.Is(err, store.ErrPoolerUnsafe) {
+						return fmt.Errorf("want ErrPoolerUnsafe, got %v", err)
+					}
+					return nil
+				},
 				"Migrate":        func() error { _, err := s.Migrate(ctx); return err },
 				"InsertEndpoint": func() error { return s.InsertEndpoint(ctx, db.DB, ep) },
 				"UpdateEndpoint": func() error { return s.UpdateEndpoint(ctx, db.DB, ep) },
@@ -316,7 +325,7 @@ func TestSchemaEveryStatementQualified(t *testing.T) {
 				"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
 				"DeleteEndpoint":   func() error { return s.DeleteEndpoint(ctx, ep.ID) },
 			}
-			order := []string{"CheckSchema", "Migrate", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
+			order := []string{"CheckSchema", "CheckPooler", "Migrate", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
 				"ModifySecrets", "InsertEvent", "InsertEvents", "DeleteEvents", "ConflictingEvents", "Dispatch", "DispatchKeyed", "Claim", "BlockedLines", "Unblock", "DBNow",
 				"Complete", "Attempts", "AttemptsOfDeliveries", "Delivery", "DeliveriesOfEvent", "DeliveriesOfEndpoint", "EndpointHealth",
 				"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",

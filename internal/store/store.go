@@ -72,6 +72,12 @@ type Store struct {
 	schema string // see SetSchema
 	prefix string // `"schema".`, or "" for the search_path
 
+	// NoPrepare makes Prepare a no-op, for a database reached through a
+	// pooler in transaction mode (PgBouncer before 1.21, or without
+	// max_prepared_statements): a statement prepared on one server
+	// connection is missing, or named twice, on the next.
+	NoPrepare bool
+
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt
 }
@@ -100,6 +106,9 @@ func (s *Store) Close() error {
 // later costs one round trip. It must run while the caller holds no
 // connection of a small pool: preparing takes one.
 func (s *Store) Prepare(ctx context.Context, queries ...string) error {
+	if s.NoPrepare {
+		return nil
+	}
 	for _, q := range queries {
 		q = s.Rebind(q)
 		s.mu.Lock()

@@ -100,9 +100,11 @@ WHERE `+where+` ORDER BY d.created_at DESC, d.id DESC LIMIT ?`), args...)
 
 // EachAttemptOf calls fn with the start, duration and status (0: no
 // response) of each attempt to endpointID started in [since, until), in
-// start order, reading row by row.
+// start order, reading row by row from the attempt log (the rows of
+// txhook_attempts and the first attempts that succeeded, kept in their
+// delivery rows since migration 008).
 func (s *Store) EachAttemptOf(ctx context.Context, endpointID string, since, until time.Time, fn func(at time.Time, d time.Duration, status int)) error {
-	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT started_at, duration_us, status FROM txhook_attempts
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT started_at, duration_us, status FROM txhook_attempt_log
 WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? ORDER BY started_at`), endpointID, s.T(since), s.T(until))
 	if err != nil {
 		return err

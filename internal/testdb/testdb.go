@@ -35,8 +35,11 @@ const EnvRequire = "TXHOOK_REQUIRE_POSTGRES"
 
 // Backend is one database a test runs against.
 type Backend struct {
-	Name   string // "sqlite", "sqlite-modernc", "postgres-libpq", "postgres-pgx"
+	Name   string // "sqlite", "sqlite-modernc", "postgres-libpq", "postgres-pgx", "pgbouncer-libpq", "pgbouncer-pgx"
 	Driver string // database/sql driver name
+	// Bouncer: PostgreSQL through PgBouncer in transaction mode (see
+	// PgBouncer).
+	Bouncer bool
 }
 
 // The backends.
@@ -71,8 +74,16 @@ func (b Backend) Postgres() bool { return b.Driver == LibPQ.Driver || b.Driver =
 type DB struct {
 	*sql.DB
 	Backend Backend
-	// DSN opens another pool on the same database (and schema).
+	// DSN opens another pool on the same database (and schema, unless
+	// Schema is set).
 	DSN string
+	// Schema, when set, is the schema of the test that DSN does not select
+	// (through PgBouncer, which does not keep a search_path): give it to
+	// outbox.Config.Schema.
+	Schema string
+	// DirectDSN reaches the same database and schema without a pooler in
+	// between, for LISTEN; DSN itself when there is no pooler.
+	DirectDSN string
 }
 
 // Open returns a fresh database for b, closed and removed when t ends.
@@ -80,6 +91,9 @@ func Open(t testing.TB, b Backend) *DB {
 	t.Helper()
 	if !b.Postgres() {
 		return SQLiteWith(t, b)
+	}
+	if b.Bouncer {
+		return PgBouncer(t, b.Driver)
 	}
 	return Postgres(t, b.Driver)
 }
@@ -127,14 +141,23 @@ func SQLiteWith(t testing.TB, b Backend) *DB {
 // test when there is none.
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv(EnvDSN)
-	if dsn == "" {
-		if os.Getenv(EnvRequire) == "1" {
-			t.Fatalf("%s is not set but %s=1: PostgreSQL tests are mandatory here", EnvDSN, EnvRequire)
+	return envOrSkip(t, EnvDSN, EnvRequire, "PostgreSQL",
+		"set "+EnvDSN+" (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run it")
+}
+
+// envOrSkip returns the value of the environment variable name, and
+// skips the test (saying how to run it) when it is empty, or fails it when
+// require is set to 1.
+func envOrSkip(t testing.TB, name, require, what, how string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		if os.Getenv(require) == "1" {
+			t.Fatalf("%s is not set but %s=1: %s tests are mandatory here", name, require, what)
 		}
-		t.Skipf("PostgreSQL test skipped: set %s (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run it", EnvDSN)
+		t.Skipf("%s test skipped: %s", what, how)
 	}
-	return dsn
+	return v
 }
 
 // Postgres returns a pool on a fresh schema of the configured PostgreSQL
@@ -146,6 +169,17 @@ func Postgres(t testing.TB, driver string) *DB {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := LibPQ
+	if driver == PGX.Driver {
+		b = PGX
+	}
+	return &DB{DB: openOrDrop(t, driver, dsn, drop), Backend: b, DSN: dsn, DirectDSN: dsn}
+}
+
+// openOrDrop opens a pool on dsn, closed and then drop called when t
+// ends; on failure it calls drop and fails t.
+func openOrDrop(t testing.TB, driver, dsn string, drop func()) *sql.DB {
+	t.Helper()
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		drop()
@@ -155,11 +189,7 @@ func Postgres(t testing.TB, driver string) *DB {
 		db.Close()
 		drop()
 	})
-	b := LibPQ
-	if driver == PGX.Driver {
-		b = PGX
-	}
-	return &DB{DB: db, Backend: b, DSN: dsn}
+	return db
 }
 
 // NewSchema creates a fresh schema in the PostgreSQL database of base and
@@ -167,9 +197,23 @@ func Postgres(t testing.TB, driver string) *DB {
 // it. Tests use Postgres; this is for Example functions, which have no
 // testing.TB.
 func NewSchema(base string) (dsn string, drop func(), err error) {
+	schema, drop, err := createSchema(base)
+	if err != nil {
+		return "", nil, err
+	}
+	if dsn, err = withSearchPath(base, schema); err != nil {
+		drop()
+		return "", nil, err
+	}
+	return dsn, drop, nil
+}
+
+// createSchema creates a fresh schema in the PostgreSQL database of base
+// and returns its name and a function that drops it.
+func createSchema(base string) (schema string, drop func(), err error) {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
-	schema := "txhook_test_" + hex.EncodeToString(rnd[:])
+	schema = "txhook_test_" + hex.EncodeToString(rnd[:])
 	admin, err := sql.Open("postgres", base)
 	if err != nil {
 		return "", nil, err
@@ -186,27 +230,17 @@ func NewSchema(base string) (dsn string, drop func(), err error) {
 		defer admin.Close()
 		_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
 	}
-	if dsn, err = withSearchPath(base, schema); err != nil {
-		drop()
-		return "", nil, err
-	}
-	return dsn, drop, nil
+	return schema, drop, nil
 }
 
 // withSearchPath adds search_path to a URL or key=value DSN; both lib/pq
 // and pgx pass it to the server as a run-time parameter.
 func withSearchPath(dsn, schema string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("testdb: bad DSN: %w", err)
-		}
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String(), nil
+	out, err := WithParams(dsn, url.Values{"search_path": {schema}})
+	if err != nil {
+		return "", fmt.Errorf("testdb: bad DSN: %w", err)
 	}
-	return dsn + " search_path=" + schema, nil
+	return out, nil
 }
 
 // Reopen returns a second pool on the same database, closed when t ends.

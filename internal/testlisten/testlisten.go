@@ -4,6 +4,7 @@
 package testlisten
 
 import (
+	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/pgxoutbox"
 	"github.com/txhook/txhook/outbox/pqlisten"
@@ -20,4 +21,17 @@ func For(driver, dsn string) outbox.Listener {
 		return pgxoutbox.Listener()
 	}
 	return nil
+}
+
+// ForDB returns the Listener for db: For its driver, except that through
+// PgBouncer both drivers listen on a connection of their own to
+// db.DirectDSN, as the README tells users to.
+func ForDB(db *testdb.DB) outbox.Listener {
+	if db.Backend.Bouncer {
+		if db.Backend.Driver == "pgx" {
+			return pgxoutbox.DirectListener(db.DirectDSN)
+		}
+		return pqlisten.New(db.DirectDSN)
+	}
+	return For(db.Backend.Driver, db.DSN)
 }

@@ -99,7 +99,9 @@ func (r pgxRows) Close() error {
 
 // New returns an Outbox on pool, for Enqueue and for relays (which run on
 // a database/sql handle on the pool, stdlib.OpenDBFromPool). Its Listener
-// is Listener() unless cfg sets one. Close the Outbox's DB() once its
+// is Listener() unless cfg sets one or sets TransactionPooling: LISTEN
+// through a pooler in transaction mode hears nothing, so give such an
+// Outbox DirectListener (or let its relays poll). Close the Outbox's DB() once its
 // relays have stopped: that returns its connections to the pool and leaves
 // the pool open.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg outbox.Config) (*outbox.Outbox, error) {
@@ -109,7 +111,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg outbox.Config) (*outbox.Ou
 	if cfg.Dialect == "" {
 		cfg.Dialect = "postgres"
 	}
-	if cfg.Listener == nil {
+	if cfg.Listener == nil && !cfg.TransactionPooling {
 		cfg.Listener = Listener()
 	}
 	db := stdlib.OpenDBFromPool(pool)
@@ -148,15 +150,44 @@ func (listener) Listen(ctx context.Context, db *sql.DB, channel string, wake fun
 			defer cancel()
 			pc.Close(closeCtx)
 		}()
-		if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-			return errors.Join(err, driver.ErrBadConn)
+		return errors.Join(listenOn(ctx, pc, channel, wake), driver.ErrBadConn)
+	})
+}
+
+// DirectListener returns an outbox.Listener that listens on a pgx
+// connection of its own to dsn. Use it when the Outbox's database goes
+// through PgBouncer in transaction mode (Config.TransactionPooling):
+// LISTEN is session state, which such a pooler does not keep, so dsn must
+// reach PostgreSQL directly. One connection per relay.
+func DirectListener(dsn string) outbox.Listener { return directListener{dsn: dsn} }
+
+type directListener struct{ dsn string }
+
+// Listen implements outbox.Listener. db is not used.
+func (l directListener) Listen(ctx context.Context, _ *sql.DB, channel string, wake func()) error {
+	pc, err := pgx.Connect(ctx, l.dsn)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		pc.Close(closeCtx)
+	}()
+	return listenOn(ctx, pc, channel, wake)
+}
+
+// listenOn listens on channel on pc and calls wake once listening and
+// after each notification, until ctx is done or the connection fails.
+func listenOn(ctx context.Context, pc *pgx.Conn, channel string, wake func()) error {
+	if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return err
+	}
+	wake()
+	for {
+		if _, err := pc.WaitForNotification(ctx); err != nil {
+			return err
 		}
 		wake()
-		for {
-			if _, err := pc.WaitForNotification(ctx); err != nil {
-				return errors.Join(err, driver.ErrBadConn)
-			}
-			wake()
-		}
-	})
+	}
 }

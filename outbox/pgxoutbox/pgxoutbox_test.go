@@ -48,6 +48,14 @@ func setup(t *testing.T, cfg outbox.Config) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	ob := newOutbox(t, ctx, pool, cfg, "payments")
+	return &env{ctx: ctx, dsn: dsn, pool: pool, ob: ob}
+}
+
+// newOutbox makes a migrated Outbox with pgxoutbox.New on pool, allowing
+// loopback receivers over http, and creates the business table payments.
+func newOutbox(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg outbox.Config, payments string) *outbox.Outbox {
+	t.Helper()
 	cfg.AllowHTTP, cfg.AllowPrivateTargets = true, true
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ob, err := pgxoutbox.New(ctx, pool, cfg)
@@ -61,10 +69,10 @@ func setup(t *testing.T, cfg outbox.Config) *env {
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+payments+` (id text PRIMARY KEY, amount int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &env{ctx: ctx, dsn: dsn, pool: pool, ob: ob}
+	return ob
 }
 
 func (e *env) count(t *testing.T, table string) int {
@@ -193,18 +201,7 @@ func TestEnqueueTxCommitWakesRelayOnPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An hour between polls: a delivery comes from a wake-up.
-	r, err := e.ob.NewRelay(outbox.RelayConfig{PollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.Stop(ctx)
-	})
+	startRelay(t, e.ctx, e.ob, outbox.RelayConfig{PollInterval: time.Hour})
 	// The relay's listener wakes it once it listens; from then on every
 	// commit's NOTIFY wakes it too.
 	select {
