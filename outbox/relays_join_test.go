@@ -241,12 +241,25 @@ func TestRelaysJoinAndLeaveUnderLoad(t *testing.T) {
 			t.Cleanup(srv.Close)
 			b.endpoint("m", srv.URL)
 			start := func(id string) *child { return startRelayProcess(t, db, id, lease, timeout, conc) }
+			// holdInFlight holds the relay's next requests and, with a burst
+			// of events for it to claim, waits until it has four in flight.
+			var load *steadyLoad
+			holdInFlight := func(id string) *gate {
+				g := l.hold(id, 4)
+				load.burst(t, b, "m", 60)
+				select {
+				case <-g.reached:
+				case <-time.After(waitFor):
+					t.Fatalf("%s never had requests in flight", id)
+				}
+				return g
+			}
 			joined := func(id string) {
 				b.eventually(id+" delivering", func() bool { return l.delivered(id) >= warm })
 			}
 
 			a := start("relay-a")
-			load := startSteadyLoad(b.ctx, b, "m", 4*time.Millisecond)
+			load = startSteadyLoad(b.ctx, b, "m", 4*time.Millisecond)
 			t.Cleanup(func() {
 				select {
 				case <-load.stop:
@@ -266,13 +279,7 @@ func TestRelaysJoinAndLeaveUnderLoad(t *testing.T) {
 			// answered.
 			rc := start("relay-c")
 			joined("relay-c")
-			gc := l.hold("relay-c", 4)
-			load.burst(t, b, "m", 60)
-			select {
-			case <-gc.reached:
-			case <-time.After(waitFor):
-				t.Fatal("relay-c never had requests in flight")
-			}
+			gc := holdInFlight("relay-c")
 			rc.kill()
 			// Every request relay-c sent since the gate went up was held
 			// and never answered: all were in flight when it died.
@@ -285,13 +292,7 @@ func TestRelaysJoinAndLeaveUnderLoad(t *testing.T) {
 			// relay-b leaves by SIGTERM with requests in flight: they are
 			// answered once it has begun to stop, and it must write their
 			// outcomes back and give back what it holds before exiting.
-			gb := l.hold("relay-b", 4)
-			load.burst(t, b, "m", 60)
-			select {
-			case <-gb.reached:
-			case <-time.After(waitFor):
-				t.Fatal("relay-b never had requests in flight")
-			}
+			gb := holdInFlight("relay-b")
 			_ = rb.cmd.Process.Signal(syscall.SIGTERM)
 			select {
 			case <-rb.stopping:
