@@ -65,8 +65,11 @@ func runChildRelay() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	id := os.Getenv("TXHOOK_CHILD_ID")
 	rcfg := outbox.RelayConfig{Lease: lease, Timeout: timeout, Concurrency: conc,
-		EndpointConcurrency: conc, ID: os.Getenv("TXHOOK_CHILD_ID")}
+		EndpointConcurrency: conc, ID: id,
+		// Receivers of multi-process tests tell the relays apart by this.
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return relayTag{rt, id} }}
 	if os.Getenv("TXHOOK_CHILD_FAST_RETRY") == "1" {
 		rcfg.Retry = fastRetry()
 		rcfg.BreakerCooldown = 50 * time.Millisecond
@@ -87,6 +90,7 @@ func runChildRelay() int {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
+	fmt.Println("STOPPING")
 	stop, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := r.Stop(stop); err != nil {
@@ -96,6 +100,21 @@ func runChildRelay() int {
 	st := r.Stats()
 	fmt.Printf("SUCCEEDED %d\n", st.Succeeded)
 	return 0
+}
+
+// headerRelay names the relay process that sent a request.
+const headerRelay = "X-Test-Relay"
+
+// relayTag adds headerRelay to every request.
+type relayTag struct {
+	rt http.RoundTripper
+	id string
+}
+
+func (t relayTag) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(headerRelay, t.id)
+	return t.rt.RoundTrip(req)
 }
 
 // childEnv is the environment of a relay process on db.
@@ -114,7 +133,8 @@ func childEnv(db *testdb.DB) []string {
 
 type child struct {
 	cmd       *exec.Cmd
-	succeeded chan int // the SUCCEEDED count printed at a graceful exit
+	succeeded chan int      // the SUCCEEDED count printed at a graceful exit
+	stopping  chan struct{} // closed when the child got SIGTERM and begins to stop
 }
 
 // fastRetry retries every few milliseconds, for tests that fail on purpose.
@@ -142,7 +162,7 @@ func startRelayProcess(t *testing.T, db *testdb.DB, id string, lease, timeout ti
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, succeeded: make(chan int, 1)}
+	c := &child{cmd: cmd, succeeded: make(chan int, 1), stopping: make(chan struct{})}
 	t.Cleanup(func() { c.kill() })
 	ready := make(chan error, 1)
 	go func() {
@@ -153,6 +173,9 @@ func startRelayProcess(t *testing.T, db *testdb.DB, id string, lease, timeout ti
 		ready <- err
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			if sc.Text() == "STOPPING" {
+				close(c.stopping)
+			}
 			if n, ok := strings.CutPrefix(sc.Text(), "SUCCEEDED "); ok {
 				v, _ := strconv.Atoi(n)
 				c.succeeded <- v

@@ -70,6 +70,7 @@ type Relay struct {
 
 type relayCounters struct {
 	claimed, succeeded, failed, dead, released, refused, lost atomic.Uint64
+	polls, emptyPolls                                         atomic.Uint64
 }
 
 // RelayStats counts what a relay has done since it started.
@@ -87,6 +88,12 @@ type RelayStats struct {
 	// delivery over, or the write kept failing until the lease ended (or
 	// the relay stopped), so the next holder records the attempt as lapsed.
 	LeaseLost uint64
+	// Polls counts claim rounds (each up to three statements: new events,
+	// new events with an ordering key, due deliveries) and EmptyPolls those
+	// that found nothing to claim: the database work relays spend looking
+	// for work when there is less than they can take, which grows with the
+	// number of relays sharing an outbox.
+	Polls, EmptyPolls uint64
 
 	// InFlight is how many requests the relay has under way now, and
 	// Waiting how many claimed deliveries wait in its memory to start (each
@@ -103,7 +110,8 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
 		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), Refused: r.stats.refused.Load(),
-		LeaseLost: r.stats.lost.Load(), InFlight: inFlight, Waiting: waiting,
+		LeaseLost: r.stats.lost.Load(), Polls: r.stats.polls.Load(), EmptyPolls: r.stats.emptyPolls.Load(),
+		InFlight: inFlight, Waiting: waiting,
 	}
 }
 
@@ -235,10 +243,12 @@ func (r *Relay) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops claiming, releases the deliveries that have not started
-// (without spending an attempt), lets requests in flight finish until ctx
-// is done, then cancels them (they count as failed attempts and are
-// retried) and writes every outcome back. Whatever cannot be written back,
+// Stop stops claiming (a claim statement under way finishes first, within
+// Timeout, so that what it took is released rather than left leased),
+// releases the deliveries that have not started (without spending an
+// attempt), lets requests in flight finish until ctx is done, then cancels
+// them (they count as failed attempts and are retried) and writes every
+// outcome back. Whatever cannot be written back,
 // for instance because the database is unreachable, is picked up by another
 // relay when its lease expires. Stop returns ctx.Err() if ctx ended first.
 func (r *Relay) Stop(ctx context.Context) error {
@@ -373,8 +383,8 @@ func (r *Relay) listen(ctx context.Context) {
 	}()
 }
 
-// statementContext bounds one round of the relay's statements (a claim, a
-// completion batch) by a lease. A primary that stops answering without
+// statementContext bounds a completion batch by a lease (a claim round is
+// bounded by Timeout, see claim). A primary that stops answering without
 // closing its connections (a paused VM, a stalled disk, a failover that
 // left it running) would otherwise hold the relay on those connections
 // forever; past the deadline pgx closes the connection and the relay goes
@@ -447,8 +457,16 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 
 // claim dispatches new events and claims due deliveries, up to n jobs in
 // all, hands them to the workers and returns how many it took.
+//
+// Stop cancels ctx, but a claim statement under way is let finish (for at
+// most Timeout): it may have taken rows already, and cancelling it would
+// lose them to this relay while they stay leased to it until the lease
+// lapses. Finished, its rows reach the scheduler, which Stop empties back
+// into the database. No further statement starts once ctx is done.
 func (r *Relay) claim(ctx context.Context, n int) (int, error) {
-	ctx, cancel := r.statementContext(ctx)
+	// Bounded by Timeout (less than a lease), which also gets the relay
+	// off a primary that hangs without closing its connections.
+	stmtCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
 	defer cancel()
 	r.checkClock(ctx)
 	start := r.clock.Now()
@@ -466,14 +484,22 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		}
 		got += len(batch)
 	}
-	fresh, err := r.st.Dispatch(ctx, r.cfg.ID, start, r.cfg.Lease, n)
+	// Counted when done, so that Polls and EmptyPolls read at any moment
+	// agree on which rounds have finished.
+	defer func() {
+		if got == 0 {
+			r.stats.emptyPolls.Add(1)
+		}
+		r.stats.polls.Add(1)
+	}()
+	fresh, err := r.st.Dispatch(stmtCtx, r.cfg.ID, start, r.cfg.Lease, n)
 	if err != nil {
 		return 0, err
 	}
 	take(fresh)
 	// Events with an ordering key take a slower path that keeps their order.
-	if rest := n - got; rest > 0 {
-		keyed, err := r.st.DispatchKeyed(ctx, r.cfg.ID, start, r.cfg.Lease, rest)
+	if rest := n - got; rest > 0 && ctx.Err() == nil {
+		keyed, err := r.st.DispatchKeyed(stmtCtx, r.cfg.ID, start, r.cfg.Lease, rest)
 		if err != nil {
 			return got, err
 		}
@@ -481,8 +507,8 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 	}
 	// One event can fan out to several deliveries; what is left of n goes
 	// to retries and rescued leases.
-	if rest := n - got; rest > 0 {
-		due, err := r.st.Claim(ctx, r.cfg.ID, start, r.cfg.Lease, rest)
+	if rest := n - got; rest > 0 && ctx.Err() == nil {
+		due, err := r.st.Claim(stmtCtx, r.cfg.ID, start, r.cfg.Lease, rest)
 		if err != nil {
 			return got, err
 		}

@@ -524,55 +524,78 @@ func heapInUseKB() int64 {
 }
 
 // relayChild runs a default relay on the schema in envChildDSN until stdin
-// closes, printing "succeeded <n>" lines, then its peak memory.
+// closes, printing "succeeded <n>" lines, then its peak memory. With
+// envChild=relays it is a relay process of the relays part instead.
 func relayChild() int {
+	if os.Getenv(envChild) == "relays" {
+		return relaysChild()
+	}
 	ctx := context.Background()
-	db, err := sql.Open("pgx", os.Getenv(envChildDSN))
+	r, closeDB, err := childRelay(ctx, "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		return 1
 	}
-	defer db.Close()
-	cfg := localOutbox()
-	cfg.Logger = quiet()
-	cfg.Listener = pgxoutbox.Listener()
-	ob, err := outbox.New(ctx, db, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay child:", err)
-		return 1
-	}
-	r, err := ob.NewRelay(outbox.RelayConfig{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay child:", err)
-		return 1
-	}
+	defer closeDB()
 	if err := r.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		return 1
 	}
-	stdinClosed := make(chan struct{})
-	go func() { io.Copy(io.Discard, os.Stdin); close(stdinClosed) }()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
 	w := bufio.NewWriter(os.Stdout)
-loop:
-	for {
-		select {
-		case <-stdinClosed:
-			break loop
-		case <-tick.C:
-			fmt.Fprintf(w, "succeeded %d\n", r.Stats().Succeeded)
-			w.Flush()
-		}
-	}
-	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := r.Stop(stopCtx); err != nil {
+	if err := serveRelay(ctx, r, os.Stdin, 50*time.Millisecond, func() {
+		fmt.Fprintf(w, "succeeded %d\n", r.Stats().Succeeded)
+		w.Flush()
+	}); err != nil {
 		fmt.Fprintln(os.Stderr, "relay child: stop:", err)
 	}
-	fmt.Fprintf(w, "succeeded %d\n", r.Stats().Succeeded)
 	fmt.Fprintf(w, "heap_kb %d\n", heapInUseKB())
 	fmt.Fprintf(w, "hwm_kb %d\n", procStatus(os.Getpid())["VmHWM"])
 	w.Flush()
 	return 0
+}
+
+// childRelay opens the schema in envChildDSN and makes a relay with
+// default settings named id ("" for a generated name), for a relay child
+// process. closeDB closes its pool.
+func childRelay(ctx context.Context, id string) (r *outbox.Relay, closeDB func(), err error) {
+	db, err := sql.Open("pgx", os.Getenv(envChildDSN))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := localOutbox()
+	cfg.Logger = quiet()
+	cfg.Listener = pgxoutbox.Listener()
+	ob, err := outbox.New(ctx, db, cfg)
+	if err == nil {
+		r, err = ob.NewRelay(outbox.RelayConfig{ID: id})
+	}
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return r, func() { db.Close() }, nil
+}
+
+// serveRelay lets the started relay r run until in (the child's stdin)
+// closes, calling report every interval, then stops r and reports once
+// more.
+func serveRelay(ctx context.Context, r *outbox.Relay, in io.Reader, every time.Duration, report func()) error {
+	closed := make(chan struct{})
+	go func() { io.Copy(io.Discard, in); close(closed) }()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-closed:
+			break loop
+		case <-tick.C:
+			report()
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := r.Stop(stopCtx)
+	report()
+	return err
 }

@@ -37,6 +37,20 @@ func driverName(d string) string {
 	return d
 }
 
+// inTx runs fn in a transaction and commits it, or rolls it back if fn
+// fails.
+func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // runTxLoop runs fn in transactions from conns goroutines for d and
 // returns the number committed.
 func runTxLoop(ctx context.Context, db *sql.DB, conns int, d time.Duration, fn func(tx *sql.Tx, i int64) error) (int64, error) {
@@ -50,15 +64,7 @@ func runTxLoop(ctx context.Context, db *sql.DB, conns int, d time.Duration, fn f
 		go func() {
 			defer wg.Done()
 			for i := int64(g) << 32; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
-				tx, err := db.BeginTx(ctx, nil)
-				if err == nil {
-					if err = fn(tx, i); err == nil {
-						err = tx.Commit()
-					} else {
-						tx.Rollback()
-					}
-				}
-				if err != nil {
+				if err := inTx(ctx, db, func(tx *sql.Tx) error { return fn(tx, i) }); err != nil {
 					once.Do(func() { firstErr = err })
 					return
 				}

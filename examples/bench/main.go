@@ -41,6 +41,12 @@
 //     alternating rounds, on PostgreSQL (pgx), or SQLite without the DSN;
 //     and the cost of one decryption.
 //   - signer: signing and verification micro-benchmarks.
+//   - relays: 1, 2 and 4 relay processes (this program in relay mode) on
+//     one PostgreSQL cluster of their own (internal/pgcluster, Production
+//     settings and pg_stat_statements; needs the server binaries, not the
+//     DSN), draining a backlog and at a steady enqueue rate: deliveries/s,
+//     polls that found nothing, lock waits, CPU, WAL and rows written per
+//     delivery, table size per event.
 //
 // With -cluster=false, PostgreSQL parts are skipped when
 // TXHOOK_BENCH_POSTGRES_DSN is unset.
@@ -78,7 +84,7 @@ import (
 const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
 
 // allParts lists the parts in the order they run.
-var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "partition", "sqlite", "secrets", "signer"}
+var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "partition", "sqlite", "secrets", "signer", "relays"}
 
 // config holds every knob of a run; defaults are the published settings.
 type config struct {
@@ -126,6 +132,12 @@ type config struct {
 
 	SignerBenchtime time.Duration
 
+	RelaysCounts []int         // relay processes per run; the first is the baseline
+	RelaysEvents int           // backlog drained by each run
+	RelaysRate   int           // steady runs: events per second
+	RelaysSteady time.Duration // steady runs: how long events are enqueued
+	RelaysRounds int
+
 	Revision string // the txhook revision measured, for the report
 
 	NotifyInterval time.Duration // Config.NotifyInterval for enqueue and latency; 0 is the default
@@ -166,6 +178,11 @@ func defaultConfig() config {
 		SecretsConc:      16,
 		SecretsRounds:    5,
 		SignerBenchtime:  time.Second,
+		RelaysCounts:     []int{1, 2, 4},
+		RelaysEvents:     20000,
+		RelaysRate:       1000,
+		RelaysSteady:     10 * time.Second,
+		RelaysRounds:     2,
 	}
 }
 
@@ -215,6 +232,11 @@ func main() {
 	flag.IntVar(&cfg.SecretsConc, "secrets-conc", cfg.SecretsConc, "secrets: requests in flight")
 	flag.IntVar(&cfg.SecretsRounds, "secrets-rounds", cfg.SecretsRounds, "secrets: rounds per arm (alternating)")
 	flag.DurationVar(&cfg.SignerBenchtime, "signer-benchtime", cfg.SignerBenchtime, "signer: time per micro-benchmark")
+	relaysCounts := flag.String("relays-counts", joinInts(cfg.RelaysCounts), "relays: relay processes per run, comma-separated (the first is the baseline)")
+	flag.IntVar(&cfg.RelaysEvents, "relays-events", cfg.RelaysEvents, "relays: backlog each run drains")
+	flag.IntVar(&cfg.RelaysRate, "relays-rate", cfg.RelaysRate, "relays: events per second of the steady runs")
+	flag.DurationVar(&cfg.RelaysSteady, "relays-steady", cfg.RelaysSteady, "relays: how long the steady runs enqueue")
+	flag.IntVar(&cfg.RelaysRounds, "relays-rounds", cfg.RelaysRounds, "relays: rounds (the order of the relay counts alternates)")
 	flag.DurationVar(&cfg.NotifyInterval, "notify-interval", 0, "Config.NotifyInterval for the enqueue and latency parts (0: the default; negative: no NOTIFY)")
 	flag.StringVar(&cfg.Revision, "revision", "", "txhook revision to name in the report (default: asked of git)")
 	cluster := flag.Bool("cluster", true, "run the PostgreSQL parts on a throwaway cluster the bench starts (internal/pgcluster, production settings, autovacuum on) instead of the server "+EnvDSN+" names")
@@ -231,6 +253,9 @@ func main() {
 	}
 	if cfg.LatencyRates, err = parseInts(*rates); err != nil {
 		fail(fmt.Errorf("-latency-rates: %w", err))
+	}
+	if cfg.RelaysCounts, err = parseInts(*relaysCounts); err != nil || len(cfg.RelaysCounts) == 0 {
+		fail(fmt.Errorf("-relays-counts: %v", err))
 	}
 	outSet := false
 	flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
@@ -325,7 +350,7 @@ func startCluster(ctx context.Context, cfg *config) (*pgcluster.Cluster, error) 
 func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 	p := newProgress(progress)
 	rep := newReport(ctx, cfg)
-	if cfg.DSN == "" {
+	if cfg.DSN == "" && needsPostgres(cfg) {
 		rep.note("PostgreSQL parts skipped: %s is not set (or -cluster found no PostgreSQL binaries).", EnvDSN)
 	}
 	if len(cfg.Settings) > 0 {
@@ -355,6 +380,8 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 		{"sqlite", false, func() error { return partSQLite(ctx, cfg, rep, p, rcv) }},
 		{"secrets", false, func() error { return partSecrets(ctx, cfg, rep, p, rcv) }},
 		{"signer", false, func() error { return partSigner(cfg, rep, p) }},
+		// Its own cluster: no DSN needed.
+		{"relays", false, func() error { return partRelays(ctx, cfg, rep, p, rcv) }},
 	}
 	for _, s := range steps {
 		if !cfg.has(s.part) || (s.pg && !pg) {

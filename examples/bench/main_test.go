@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/txhook/txhook/internal/pgcluster"
 )
 
 // TestMain lets the backlog part start this test binary as its relay
@@ -48,6 +50,11 @@ func tinyConfig() config {
 		SecretsConc:      16,
 		SecretsRounds:    1,
 		SignerBenchtime:  5 * time.Millisecond,
+		RelaysCounts:     []int{1, 2},
+		RelaysEvents:     300,
+		RelaysRate:       200,
+		RelaysSteady:     time.Second,
+		RelaysRounds:     1,
 	}
 }
 
@@ -65,11 +72,19 @@ func TestPartsSmoke(t *testing.T) {
 		"partition": {"claim of 100 with", "lookup by delivery ID", "retention of 3,000 rows (2 days), time", "retention of 3,000 rows, WAL bytes"},
 		"secrets":   {"secrets encrypted at rest", "AES-256-GCM decryption"},
 		"signer":    {},
+		"relays":    {"relays: 1 relay process(es)", "relays: 2 relay process(es)", "relays: 2 relay(s) at a steady"},
 	}
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {
 			cfg := tinyConfig()
-			if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
+			if part == "relays" {
+				if _, err := pgcluster.Available(); err != nil {
+					if os.Getenv(pgcluster.EnvRequire) == "1" {
+						t.Fatalf("relays part: %v (%s=1)", err, pgcluster.EnvRequire)
+					}
+					t.Skipf("relays part skipped: it starts its own cluster: %v", err)
+				}
+			} else if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
 				t.Skip("PostgreSQL part skipped: set TXHOOK_TEST_POSTGRES_DSN to run it")
 			}
 			cfg.Parts = []string{part}
