@@ -829,8 +829,15 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 			margin := part.End.Add(pt.Interval + time.Hour)
 			// Count first, with no lock: a partition whose keepers are too
 			// many is never locked at all.
-			var total, n int
-			if err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*), count(*) FILTER (WHERE `+survivors[k.Table]+`) FROM `+part.Name+` x`), survivorArgs(k.Table, cut, margin)...).Scan(&total, &n); err != nil {
+			// A delivery row may hold its first attempt (migration 008):
+			// those of the rows dropped count as attempts dropped.
+			inline := "false"
+			if k.Table == "txhook_deliveries" {
+				inline = "x.ok_started_at IS NOT NULL"
+			}
+			var total, n, inlineDropped int
+			if err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*), count(*) FILTER (WHERE keep), count(*) FILTER (WHERE inline AND NOT keep)
+FROM (SELECT (`+survivors[k.Table]+`) IS TRUE AS keep, `+inline+` AS inline FROM `+part.Name+` x) y`), survivorArgs(k.Table, cut, margin)...).Scan(&total, &n, &inlineDropped); err != nil {
 				if strings.Contains(err.Error(), "does not exist") {
 					continue // another relay dropped it
 				}
@@ -856,6 +863,7 @@ func (s *Store) DropPartitions(ctx context.Context, cut time.Time, maxMove int, 
 			switch k.Table {
 			case "txhook_deliveries":
 				out.Deliveries += max(0, total-moved)
+				out.Attempts += inlineDropped
 			case "txhook_attempts":
 				out.Attempts += max(0, total-moved)
 			case "txhook_events":
