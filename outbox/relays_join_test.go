@@ -22,6 +22,7 @@ type gate struct {
 	held    []string        // event IDs of the requests held, in arrival order
 	holding map[string]bool // event IDs of the requests held now
 	reached chan struct{}
+	hit     bool          // reached is closed
 	open    chan struct{} // closing it answers the held requests 204
 }
 
@@ -61,7 +62,10 @@ func (l *relayLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if g != nil {
 		g.held = append(g.held, id)
 		g.holding[id] = true
-		if len(g.holding) == g.want {
+		// Once: held requests the relay gave up on (its Timeout) leave,
+		// and its next requests can fill the gate again.
+		if len(g.holding) == g.want && !g.hit {
+			g.hit = true
 			close(g.reached)
 		}
 	}
