@@ -111,15 +111,24 @@ func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 		rc := outbox.RelayConfig{Lease: 30 * time.Second, Timeout: 5 * time.Second, Concurrency: 16, BatchSize: 16}
 		rc.ID = "normal"
 		normal := b.relay(rc)
-		fastBundle := &bundle{t: t, db: db, ob: fastOB, ctx: b.ctx}
-		rc.ID = "fast"
-		fast := fastBundle.relay(rc)
 
 		ids := make([]string, 0, events)
 		for i := range events {
 			ids = append(ids, b.enqueue(outbox.Event{Tenant: fmt.Sprintf("m%d", i%tenants), Type: "payment.succeeded",
 				Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}))
 		}
+		// The fast relay joins once the normal one has delivered and has
+		// requests in flight: with its clock ahead it would otherwise take
+		// nearly everything (what either relay gives back to wait is due
+		// two minutes earlier by its clock), and the test would not show
+		// the two sharing the work.
+		b.eventually("the normal relay delivering", func() bool {
+			st := normal.Stats()
+			return st.Succeeded > 0 && st.InFlight > 0
+		})
+		fastBundle := &bundle{t: t, db: db, ob: fastOB, ctx: b.ctx}
+		rc.ID = "fast"
+		fast := fastBundle.relay(rc)
 		b.eventually("every delivery succeeded", func() bool {
 			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
 		})

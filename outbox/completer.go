@@ -74,6 +74,30 @@ type outcome struct {
 	deadline time.Time
 	// unwritten is why the last write of this outcome failed, if one did.
 	unwritten error
+	// event is shared by the first attempts of one event claimed with it
+	// (ID 0 until written); see eventClaim. written: the outcome is in
+	// the database (ID is then its delivery's).
+	event   *eventClaim
+	written bool
+}
+
+// push appends x to pending. For a first attempt claimed with its event it
+// decides whether x is the event's last outcome: the completer writes
+// outcomes in the order they arrive, so its siblings are all ahead of it.
+func push(pending *[]outcome, x outcome) {
+	if ec := x.event; ec != nil {
+		ec.seen++
+		x.Last = ec.seen >= ec.jobs
+	}
+	*pending = append(*pending, x)
+}
+
+// lost records that x will not be written: its event, if it was claimed
+// with it, must not be marked dispatched by a sibling.
+func lost(x *outcome) {
+	if x.event != nil {
+		x.event.broken = true
+	}
 }
 
 func (c *completer) add(x outcome) { c.in <- x }
@@ -120,7 +144,7 @@ func (c *completer) run(ctx context.Context) {
 			if !ok {
 				return
 			}
-			pending = append(pending, x)
+			push(&pending, x)
 		}
 		open = c.accept(&pending, open)
 		pending = c.expire(pending)
@@ -143,6 +167,9 @@ func (c *completer) run(ctx context.Context) {
 			r.stats.lost.Add(uint64(len(left)))
 			r.log.Warn("txhook: relay stopping with outcomes unwritten; their leases will expire and the deliveries be retried",
 				"deliveries", len(left), "error", err)
+			for i := range left {
+				lost(&left[i])
+			}
 			pending = append(pending[:0], pending[len(left):]...)
 			continue
 		}
@@ -162,7 +189,7 @@ func (c *completer) accept(pending *[]outcome, open bool) bool {
 			if !ok {
 				return false
 			}
-			*pending = append(*pending, x)
+			push(pending, x)
 		default:
 			return true
 		}
@@ -192,7 +219,7 @@ func (c *completer) wait(ctx context.Context, d time.Duration, pending *[]outcom
 				open = false
 				continue
 			}
-			*pending = append(*pending, x)
+			push(pending, x)
 		}
 	}
 }
@@ -209,8 +236,9 @@ func (c *completer) expire(pending []outcome) []outcome {
 			continue
 		}
 		r.stats.lost.Add(1)
+		lost(&x)
 		r.log.Warn("txhook: outcome not written before the lease ended; another relay will take the delivery over",
-			"delivery", x.ID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", x.unwritten)
+			"delivery", x.ID, "event", x.eventID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", x.unwritten)
 	}
 	clear(pending[len(kept):])
 	return kept
@@ -222,6 +250,9 @@ func (c *completer) flush(ctx context.Context, batch []outcome) ([]outcome, erro
 	r := c.r
 	rows := make([]store.Completion, len(batch))
 	for i := range batch {
+		if x := &batch[i]; x.event != nil && x.event.broken {
+			x.Last = false
+		}
 		rows[i] = batch[i].Completion
 	}
 	res, err := r.st.Complete(ctx, r.cfg.ID, r.clock.Now(), rows)
@@ -233,10 +264,14 @@ func (c *completer) flush(ctx context.Context, batch []outcome) ([]outcome, erro
 	}
 	for i := range batch {
 		x := batch[i]
+		if id, ok := res.Written[i]; ok {
+			x.ID, x.written = id, true
+		}
 		if cause, ok := res.Refused[i]; ok {
+			lost(&x)
 			r.stats.lost.Add(1)
 			r.log.Warn("txhook: the database refused a delivery outcome, even without the receiver's text; its lease will expire and the delivery be retried",
-				"delivery", x.ID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
+				"delivery", x.ID, "event", x.eventID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
 			continue
 		}
 		if unwritten[i] {
@@ -246,33 +281,29 @@ func (c *completer) flush(ctx context.Context, batch []outcome) ([]outcome, erro
 		}
 		if cause, ok := res.Substituted[i]; ok {
 			r.log.Warn("txhook: the database refused a delivery outcome; stored it without the receiver's text",
-				"delivery", x.ID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
+				"delivery", x.ID, "event", x.eventID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
 			x.Completion = store.Fallback(x.Completion, cause)
 		}
 		done = append(done, x)
 	}
 	if len(done) > 0 {
-		c.report(ctx, done, res.Applied)
+		c.report(ctx, done)
 	}
 	return left, err
 }
 
 // report logs what the batch did, tells the host about dead letters and
 // attempts, and keeps endpoints' failure runs.
-func (c *completer) report(ctx context.Context, batch []outcome, applied []int64) {
+func (c *completer) report(ctx context.Context, batch []outcome) {
 	r := c.r
-	ok := make(map[int64]bool, len(applied))
-	for _, id := range applied {
-		ok[id] = true
-	}
-	defer c.trackEndpoints(ctx, batch, ok)
-	defer c.unblock(ctx, batch, ok)
+	defer c.trackEndpoints(ctx, batch)
+	defer c.unblock(ctx, batch)
 	for i := range batch {
 		x := &batch[i]
-		if !ok[x.ID] {
+		if !x.written {
 			r.stats.lost.Add(1)
 			r.log.Warn("txhook: lease lost before the outcome was written; another relay owns the delivery now",
-				"delivery", x.ID, "attempt", x.Attempt)
+				"delivery", x.ID, "event", x.eventID, "endpoint", x.endpointID, "attempt", x.Attempt)
 			continue
 		}
 		outcome := ""
@@ -315,13 +346,13 @@ func (c *completer) report(ctx context.Context, batch []outcome, applied []int64
 // those failing for longer than DisableAfter (or answering 410 Gone, with
 // DisableOnGone). Every attempt record counts, including those of lapsed
 // leases: they are in the attempt log too.
-func (c *completer) trackEndpoints(ctx context.Context, batch []outcome, applied map[int64]bool) {
+func (c *completer) trackEndpoints(ctx context.Context, batch []outcome) {
 	r := c.r
 	times := map[string]*store.AttemptTimes{}
 	gone := map[string]time.Time{} // the latest attempt answered 410, per endpoint
 	for i := range batch {
 		x := &batch[i]
-		if !applied[x.ID] {
+		if !x.written {
 			continue // lost lease: its records were not written
 		}
 		for _, rec := range x.Records {
@@ -433,11 +464,11 @@ func (c *completer) disabled(id, tenant string, since time.Time, reason string, 
 
 // unblock lets the next delivery of each ordering key go once the one
 // before it has succeeded or been dead-lettered.
-func (c *completer) unblock(ctx context.Context, batch []outcome, applied map[int64]bool) {
+func (c *completer) unblock(ctx context.Context, batch []outcome) {
 	var pairs []store.OrderedPair
 	for i := range batch {
 		x := &batch[i]
-		if x.orderingKey != "" && applied[x.ID] && (x.State == store.StateSucceeded || x.State == store.StateDead) {
+		if x.orderingKey != "" && x.written && (x.State == store.StateSucceeded || x.State == store.StateDead) {
 			pairs = append(pairs, store.OrderedPair{Tenant: x.tenant, EndpointID: x.endpointID, Key: x.orderingKey})
 		}
 	}

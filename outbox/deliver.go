@@ -185,9 +185,10 @@ func (r *Relay) fail(out outcome, started, now time.Time, status int, msg, retry
 func newOutcome(j *job, now, deadline time.Time) outcome {
 	c := &j.c
 	out := outcome{
-		Completion: store.Completion{ID: c.ID, Attempt: c.Attempt},
+		// Last is the completer's to decide (see push).
+		Completion: c.Completion(j.claimedAt, false),
 		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID, orderingKey: c.OrderingKey,
-		deadline: deadline,
+		deadline: deadline, event: j.event,
 	}
 	if c.LeaseLapsed {
 		out.Records = append(out.Records, store.AttemptRecord{

@@ -39,7 +39,6 @@ func RecordAttempts(ctx context.Context, r *Relay, attempts []TestAttempt) {
 	v, _ := testCompleters.LoadOrStore(r, newCompleter(r, 1))
 	c := v.(*completer)
 	batch := make([]outcome, len(attempts))
-	applied := map[int64]bool{}
 	for i, a := range attempts {
 		state := store.StateSucceeded
 		if a.Error != "" {
@@ -49,11 +48,10 @@ func RecordAttempts(ctx context.Context, r *Relay, attempts []TestAttempt) {
 		batch[i] = outcome{
 			Completion: store.Completion{ID: id, Attempt: 1, State: state, Attempts: 1, Record: true, Status: a.Status, Error: a.Error,
 				Records: []store.AttemptRecord{{Attempt: 1, StartedAt: a.StartedAt, Status: a.Status, Error: a.Error}}},
-			eventID: "evt_test", eventType: "test", tenant: a.Tenant, endpointID: a.EndpointID,
+			eventID: "evt_test", eventType: "test", tenant: a.Tenant, endpointID: a.EndpointID, written: true,
 		}
-		applied[id] = true
 	}
-	c.trackEndpoints(ctx, batch, applied)
+	c.trackEndpoints(ctx, batch)
 }
 
 // SetMaxMovedPerPartition changes how many rows o's retention moves out

@@ -123,6 +123,25 @@ type job struct {
 	// whole request still inside the lease.
 	startBy time.Time
 	span    trace.Span // the attempt's, while it runs with tracing on
+	// claimedAt is when the claim ran (the relay's clock); event is set for
+	// a first attempt claimed with its event (c.ID 0): what the jobs of
+	// that event share.
+	claimedAt time.Time
+	event     *eventClaim
+}
+
+// eventClaim is what the first attempts of one event, claimed together
+// with it (no delivery rows yet), share: how many there are, and what the
+// completer has seen of them. The completer, and only it, reads and
+// writes seen and broken: the outcome that brings seen to jobs is the
+// event's last, whose write marks the event dispatched, unless broken says
+// that an earlier one will never be written (the database refused it, or
+// its lease ended first): the event then stays leased, and the relay that
+// takes it over when the lease lapses writes what is missing.
+type eventClaim struct {
+	jobs   int
+	seen   int
+	broken bool
 }
 
 // ErrRelayStarted is returned by Start on a relay that is running.
@@ -198,7 +217,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err := r.st.CheckSchema(ctx); err != nil {
 		return fmt.Errorf("txhook: relay start: %w", err)
 	}
-	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(), r.st.CompleteQueries()...)...); err != nil {
+	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(r.cfg.BatchSize), r.st.CompleteQueries()...)...); err != nil {
 		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)
 	}
 	if err := r.o.checkSecretKeys(ctx); err != nil {
@@ -411,8 +430,13 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 	timer.Stop()
 	errBackoff := 50 * time.Millisecond
 	for {
-		free := capacity - r.held.Load()
-		if free <= 0 {
+		held := r.held.Load()
+		free := capacity - held
+		// Claim in batches: with every worker's next job in hand, wait
+		// for room for half a batch rather than claim a few at a time,
+		// since each claim costs the database about as much as the rows it
+		// takes.
+		if free <= 0 || free < int64(r.cfg.BatchSize/2) && held >= int64(r.cfg.Concurrency) {
 			select {
 			case <-ctx.Done():
 				return
@@ -420,7 +444,7 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 				continue
 			}
 		}
-		n := int(min(free, int64(r.cfg.BatchSize)))
+		n := r.claimSize(int(min(free, int64(r.cfg.BatchSize))))
 		claimed, err := r.claim(ctx, n)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -455,6 +479,16 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 	}
 }
 
+// claimSize rounds n down to BatchSize, BatchSize/2, BatchSize/4 … or 1:
+// each claim statement is prepared once per size, so a relay uses a few.
+func (r *Relay) claimSize(n int) int {
+	size := r.cfg.BatchSize
+	for size > n && size > 1 {
+		size /= 2
+	}
+	return max(size, 1)
+}
+
 // claim dispatches new events and claims due deliveries, up to n jobs in
 // all, hands them to the workers and returns how many it took.
 //
@@ -478,9 +512,29 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 	got := 0
 	take := func(batch []store.Claimed) {
 		r.stats.claimed.Add(uint64(len(batch)))
+		// The first attempts of an event claimed with it come together,
+		// in one batch.
+		var events map[string]*eventClaim
+		for i := range batch {
+			if c := &batch[i]; c.ID == 0 {
+				if events == nil {
+					events = map[string]*eventClaim{}
+				}
+				ec := events[c.EventID]
+				if ec == nil {
+					ec = &eventClaim{}
+					events[c.EventID] = ec
+				}
+				ec.jobs++
+			}
+		}
 		for i := range batch {
 			r.held.Add(1)
-			r.dispatch(&job{c: batch[i], startBy: startBy})
+			j := &job{c: batch[i], startBy: startBy, claimedAt: start}
+			if j.c.ID == 0 {
+				j.event = events[j.c.EventID]
+			}
+			r.dispatch(j)
 		}
 		got += len(batch)
 	}
@@ -508,7 +562,7 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 	// One event can fan out to several deliveries; what is left of n goes
 	// to retries and rescued leases.
 	if rest := n - got; rest > 0 && ctx.Err() == nil {
-		due, err := r.st.Claim(stmtCtx, r.cfg.ID, start, r.cfg.Lease, rest)
+		due, err := r.st.Claim(stmtCtx, r.cfg.ID, start, r.cfg.Lease, r.claimSize(rest))
 		if err != nil {
 			return got, err
 		}

@@ -138,11 +138,16 @@ func (r *Relay) startAttempt(j *job) {
 	if c.TraceParent != "" {
 		ctx = propagation.TraceContext{}.Extract(ctx, &w3c{parent: c.TraceParent, state: c.TraceState})
 	}
-	_, j.span = r.o.tracer.Start(ctx, spanAttempt, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(
-			attrEventID.String(c.EventID), attrEventType.String(c.Type), attrTenant.String(c.Tenant),
-			attrEndpointID.String(c.EndpointID), attrDelivery.Int64(c.ID), attrAttempt.Int(c.Attempt),
-		))
+	attrs := []attribute.KeyValue{
+		attrEventID.String(c.EventID), attrEventType.String(c.Type), attrTenant.String(c.Tenant),
+		attrEndpointID.String(c.EndpointID), attrAttempt.Int(c.Attempt),
+	}
+	if c.ID != 0 {
+		// A first attempt claimed with its event has no delivery row, so
+		// no ID, until its outcome is written.
+		attrs = append(attrs, attrDelivery.Int64(c.ID))
+	}
+	_, j.span = r.o.tracer.Start(ctx, spanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
 // traceHeaders puts the attempt span's traceparent and tracestate on the

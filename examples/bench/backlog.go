@@ -79,7 +79,7 @@ func fillDeliveries(ctx context.Context, db *sql.DB, p *progress, endpoint, pref
 
 // statements returns the relay's dispatch and retry claim statements.
 func statements(st *store.Store) (dispatch, claim string) {
-	for _, q := range st.ClaimQueries() {
+	for _, q := range st.ClaimQueries(claimBatch) {
 		switch {
 		case strings.Contains(q, "INSERT INTO txhook_deliveries"):
 			dispatch = q
@@ -103,7 +103,7 @@ type claimer struct {
 
 func newClaimer(ctx context.Context, db *sql.DB, which, name string) (*claimer, error) {
 	st := store.New(db, store.Postgres)
-	if err := st.Prepare(ctx, st.ClaimQueries()...); err != nil {
+	if err := st.Prepare(ctx, st.ClaimQueries(claimBatch)...); err != nil {
 		return nil, err
 	}
 	return &claimer{name: name, which: which, db: db, st: st}, nil
@@ -153,7 +153,7 @@ func interleave(ctx context.Context, cs []*claimer, samples, want int) ([][]floa
 // relay's arguments.
 func explain(ctx context.Context, db *sql.DB, query string) (string, error) {
 	now := time.Now().UTC()
-	rows, err := db.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+query, now, claimBatch, "bench-explain", (24 * time.Hour).Microseconds())
+	rows, err := db.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+query, now, "bench-explain", (24 * time.Hour).Microseconds())
 	if err != nil {
 		return "", err
 	}

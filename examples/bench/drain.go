@@ -166,6 +166,10 @@ func addWrites(rep *report, detail *strings.Builder, conc int, rs []drainResult,
 	})
 	fmt.Fprintf(detail, "%d in flight, rows per event, last round\n  enqueue: %s\n  drain:   %s\n", conc,
 		last.enq.perTable(n), last.drain.perTable(n))
+	if last.enq.records != nil && last.drain.records != nil {
+		fmt.Fprintf(detail, "  WAL per event by record type (pg_walinspect; bytes, records), last round\n  enqueue: %s\n  drain:   %s\n",
+			last.enq.byRecord(n), last.drain.byRecord(n))
+	}
 }
 
 // drainRounds alternates the bare loop and relayDrain, rounds times each.

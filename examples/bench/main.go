@@ -62,6 +62,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
 	"io"
@@ -342,6 +343,12 @@ func startCluster(ctx context.Context, cfg *config) (*pgcluster.Cluster, error) 
 		return nil, err
 	}
 	cfg.DSN = c.DSN("bench")
+	// pg_walinspect (contrib, shipped with the server) breaks the WAL the
+	// drain measures down by record type; without it the totals remain.
+	if db, err := sql.Open("pgx", cfg.DSN); err == nil {
+		_, _ = db.ExecContext(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+		db.Close()
+	}
 	return c, nil
 }
 

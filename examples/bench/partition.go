@@ -141,7 +141,7 @@ func partPartition(ctx context.Context, cfg config, rep *report, p *progress) er
 	sts := make([]*store.Store, len(arms))
 	for i, a := range arms {
 		sts[i] = store.New(a.s.db, store.Postgres)
-		if err := sts[i].Prepare(ctx, sts[i].ClaimQueries()...); err != nil {
+		if err := sts[i].Prepare(ctx, sts[i].ClaimQueries(100)...); err != nil {
 			return err
 		}
 	}

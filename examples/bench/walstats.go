@@ -32,6 +32,36 @@ func (a tupCounts) sub(b tupCounts) tupCounts {
 type writes struct {
 	wal    int64
 	tables map[string]tupCounts // deltas by table
+	// records is the WAL by record type ("Heap/INSERT"), when the
+	// server has pg_walinspect (PostgreSQL 15+; the bench's own cluster
+	// creates it): bytes and records.
+	records map[string][2]int64
+}
+
+// byRecord renders the WAL per event by record type, largest first, down
+// to the types that make up 99% of it.
+func (w writes) byRecord(n int) string {
+	type rec struct {
+		k    string
+		b, c int64
+	}
+	var rs []rec
+	var total int64
+	for k, v := range w.records {
+		rs = append(rs, rec{k, v[0], v[1]})
+		total += v[0]
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].b > rs[j].b })
+	var b strings.Builder
+	var sum int64
+	for _, r := range rs {
+		if sum >= total*99/100 {
+			break
+		}
+		sum += r.b
+		fmt.Fprintf(&b, "%s %.0f B (%.2f); ", r.k, float64(r.b)/float64(n), float64(r.c)/float64(n))
+	}
+	return strings.TrimSuffix(b.String(), "; ")
 }
 
 // total adds up the tables' counters.
@@ -80,9 +110,14 @@ func startWrites(ctx context.Context, db *sql.DB, schema string) (*writeMeter, e
 // readings agree.
 func (m *writeMeter) stop(ctx context.Context) (writes, error) {
 	var w writes
-	if err := m.db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, m.lsn).Scan(&w.wal); err != nil {
+	var end string
+	if err := m.db.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
 		return w, err
 	}
+	if err := m.db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint`, end, m.lsn).Scan(&w.wal); err != nil {
+		return w, err
+	}
+	w.records = m.walRecords(ctx, end)
 	idle := m.db.Stats().MaxOpenConnections
 	m.db.SetMaxIdleConns(0)
 	m.db.SetMaxIdleConns(max(idle, 2))
@@ -129,4 +164,33 @@ FROM pg_stat_user_tables WHERE schemaname = $1`, m.schema)
 		out[k] = c
 	}
 	return out, rows.Err()
+}
+
+// walRecords returns the WAL from the meter's start to end by record type,
+// or nil without pg_walinspect.
+func (m *writeMeter) walRecords(ctx context.Context, end string) map[string][2]int64 {
+	var nsp string
+	if err := m.db.QueryRowContext(ctx, `SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+WHERE e.extname = 'pg_walinspect'`).Scan(&nsp); err != nil {
+		return nil
+	}
+	rows, err := m.db.QueryContext(ctx, `SELECT "resource_manager/record_type", combined_size, count
+FROM "`+nsp+`".pg_get_wal_stats($1::pg_lsn, $2::pg_lsn, true) WHERE count > 0`, m.lsn, end)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	out := map[string][2]int64{}
+	for rows.Next() {
+		var k string
+		var b, c int64
+		if rows.Scan(&k, &b, &c) != nil {
+			return nil
+		}
+		out[k] = [2]int64{b, c}
+	}
+	if rows.Err() != nil {
+		return nil
+	}
+	return out
 }

@@ -10,10 +10,19 @@ import (
 )
 
 // Claimed is a delivery taken under a lease, with what is needed to send it.
+//
+// On PostgreSQL a new event's first attempts are claimed with the event
+// (Dispatch): the lease is on the event's row, no delivery row exists yet
+// (ID is 0), and the completion writes the delivery once, with its
+// outcome (see Completion). Every other claim is of a delivery row.
 type Claimed struct {
-	ID          int64
-	Attempt     int  // the number of the attempt about to be made
-	LeaseLapsed bool // the row was running: a previous holder's lease expired
+	ID          int64 // the delivery; 0 for a first attempt claimed with its event
+	Attempt     int   // the number of the attempt about to be made
+	LeaseLapsed bool  // a previous holder's lease expired without an outcome written
+	// Lease is, for a first attempt claimed with its event (ID 0), the
+	// event's lease expiry as the database set it: the fencing token the
+	// completion presents. Zero for a delivery row.
+	Lease       time.Time
 	EventID     string
 	Tenant      string
 	Type        string
@@ -40,6 +49,19 @@ type Claimed struct {
 	ClientKey     string // PEM private key of ClientCert, or its encrypted envelope (outbox/secrets.go)
 }
 
+// Completion starts the completion of c: its delivery and attempt, and
+// for a first attempt claimed with its event (ID 0) the pair, the lease
+// and claimedAt, when the claim ran, as the delivery's created_at. last
+// says whether c is the last of its event's claimed first attempts to be
+// written, whose write marks the event dispatched (see Completion).
+func (c *Claimed) Completion(claimedAt time.Time, last bool) Completion {
+	out := Completion{ID: c.ID, Attempt: c.Attempt}
+	if c.ID == 0 {
+		out.EventID, out.EndpointID, out.Lease, out.CreatedAt, out.Last = c.EventID, c.EndpointID, c.Lease, claimedAt, last
+	}
+	return out
+}
+
 // The columns every claim returns, in scanClaimed's order, after the
 // delivery's id, attempt and previous state.
 const (
@@ -60,30 +82,41 @@ const (
 // read and skipped are those due by one clock and not yet by the other,
 // which with clocks in step is next to none.
 
-// pgLeaseUntil is the expiry of a lease of $4 microseconds taken now.
-const pgLeaseUntil = `now() + $4::bigint * interval '1 microsecond'`
+// pgLeaseUntil is the expiry of a lease of $4 microseconds taken now;
+// pgLeaseUntil3 the same for $3.
+const (
+	pgLeaseUntil  = `now() + $4::bigint * interval '1 microsecond'`
+	pgLeaseUntil3 = `now() + $3::bigint * interval '1 microsecond'`
+)
 
-// pgClaim takes up to $2 due deliveries. SKIP LOCKED lets any number of
-// relays claim at once without waiting on or taking each other's rows; the
-// claimed rows become 'running' with next_attempt_at set to the lease
-// expiry, so the same query rescues them if their holder dies.
+// pgClaim takes up to {{limit}} due deliveries. SKIP LOCKED lets any
+// number of relays claim at once without waiting on or taking each other's
+// rows; the claimed rows become 'running' with next_attempt_at set to the
+// lease expiry, so the same query rescues them if their holder dies.
+//
+// The limit is written into the statement (see limitVariant) and every
+// other lookup goes through = ANY (ARRAY(...)) on a primary key: the plan
+// then does not depend on the parameters or on the tables' statistics, so
+// PostgreSQL keeps one generic plan for the prepared statement instead of
+// planning it anew at every claim (about half a millisecond each), and the
+// queue tables' churn cannot turn the joins into scans of whole tables.
 const pgClaim = `WITH due AS (
     SELECT id, state FROM txhook_deliveries
     WHERE state IN ('pending', 'running') AND next_attempt_at <= GREATEST($1, now())
       AND CASE state WHEN 'running' THEN next_attempt_at <= now() ELSE next_attempt_at <= $1 END
     ORDER BY next_attempt_at
-    LIMIT $2
+    LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE txhook_deliveries d
-    SET state = 'running', attempts = d.attempts + 1, lease_owner = $3, next_attempt_at = ` + pgLeaseUntil + `, updated_at = $1
-    FROM due WHERE d.id = due.id
+    SET state = 'running', attempts = d.attempts + 1, lease_owner = $2, next_attempt_at = ` + pgLeaseUntil3 + `, updated_at = $1
+    FROM due WHERE d.id = due.id AND d.id = ANY (ARRAY(SELECT id FROM due))
     RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key
 )
 SELECT c.id, c.attempts, c.prev_state, c.event_id, ` + claimEventCols + `,
-       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `
+       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `, NULL::timestamptz
 FROM claimed c
-JOIN txhook_events e ON e.id = c.event_id
+JOIN txhook_events e ON e.id = c.event_id AND e.id = ANY (ARRAY(SELECT event_id FROM claimed))
 LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id`
 
 // sqliteNow is SQLite's clock in the unit SQLite times are stored in,
@@ -124,37 +157,65 @@ func (s *Store) subscribed(typ string) string {
             AND substr(` + typ + `, 1, length(p.value) - 1) = substr(p.value, 1, length(p.value) - 1))))`
 }
 
-// pgDispatch takes up to $2 undispatched events without an ordering key,
-// marks them dispatched and creates their deliveries, one per enabled
-// endpoint of the tenant that subscribes to the type, already claimed by
-// $3 for their first attempt: fan-out and claim in one statement, so a new
-// event costs the relay one round trip before its first request. The
-// deliveries of a delayed event (deliver_at later than $1) are created
-// pending, due at deliver_at, and not returned.
+// pgDispatch takes up to {{limit}} undispatched events without an ordering
+// key and claims their first attempts, one per enabled endpoint of the
+// tenant that subscribes to the type, in one statement: a new event costs
+// the relay one round trip before its first request.
+//
+// The lease is on the event's row (lease_owner, lease_until): no delivery
+// row is written until the attempt's outcome is known, and then once, with
+// the outcome (pgCompleteFresh), which also marks the event dispatched with
+// the last of its deliveries. Taking the lease changes no indexed column,
+// so it is a HOT update (no index entry, a few dozen bytes of WAL), and
+// a first attempt that succeeds writes one delivery row instead of
+// inserting it running and updating it, each time in every index.
+//
+// An event whose lease expired (its holder died or stalled before writing
+// every outcome) is taken again like a new one; the endpoints that already
+// have its delivery row are left out, and the attempts of the others count
+// the lapsed one (attempt 2, LeaseLapsed). An event with nothing left to
+// deliver (no endpoint subscribes, or every delivery was written) is marked
+// dispatched and yields nothing. A delayed event (deliver_at later than $1)
+// is marked dispatched at once with its deliveries pending, due at
+// deliver_at, and is not returned.
+//
+// $1 now, $2 owner, $3 lease in microseconds.
 var pgDispatch = `WITH ev AS (
-    SELECT id FROM txhook_events
-    WHERE dispatched_at IS NULL AND ordering_key IS NULL
+    SELECT id, tenant, type, lease_until IS NOT NULL AS lapsed, COALESCE(deliver_at > $1, false) AS later
+    FROM txhook_events
+    WHERE dispatched_at IS NULL AND ordering_key IS NULL AND (lease_until IS NULL OR lease_until <= now())
     ORDER BY created_at
-    LIMIT $2
+    LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
+), x AS MATERIALIZED (
+    SELECT ev.id, ev.later, ev.lapsed, ARRAY(
+        SELECT ep.id FROM txhook_endpoints ep
+        WHERE ep.tenant = ev.tenant AND ep.enabled AND ` + (&Store{Dialect: Postgres}).subscribed("ev.type") + `
+          AND (NOT ev.lapsed OR NOT EXISTS (
+            SELECT 1 FROM txhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = ep.id))
+        ORDER BY ep.id) AS eps
+    FROM ev
 ), e AS (
-    UPDATE txhook_events e SET dispatched_at = $1
-    FROM ev WHERE e.id = ev.id
-    RETURNING e.id, e.tenant, e.type, e.version, e.payload, e.created_at, e.trace_parent, e.trace_state, e.deliver_at, COALESCE(e.deliver_at > $1, false) AS later
+    UPDATE txhook_events e
+    SET lease_owner = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN NULL ELSE $2 END,
+        lease_until = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN NULL ELSE ` + pgLeaseUntil3 + ` END,
+        dispatched_at = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN $1::timestamptz END
+    FROM x
+    WHERE e.id = x.id AND e.id = ANY (ARRAY(SELECT id FROM ev))
+    RETURNING e.id, ` + claimEventCols + `, e.deliver_at, e.lease_until, x.later, x.lapsed, x.eps
 ), ins AS (
-    INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner, created_at, updated_at)
-    SELECT e.id, ep.id, CASE WHEN e.later THEN 'pending' ELSE 'running' END, CASE WHEN e.later THEN 0 ELSE 1 END,
-           CASE WHEN e.later THEN e.deliver_at ELSE ` + pgLeaseUntil + ` END, CASE WHEN e.later THEN NULL ELSE $3 END, $1, $1
-    FROM e JOIN txhook_endpoints ep ON ep.tenant = e.tenant AND ep.enabled
-    WHERE ` + (&Store{Dialect: Postgres}).subscribed("e.type") + `
-    RETURNING id, event_id, endpoint_id, state
+    INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
+    SELECT e.id, u.ep, 'pending', 0, e.deliver_at, $1, $1
+    FROM e CROSS JOIN LATERAL unnest(e.eps) AS u(ep)
+    WHERE e.later
 )
-SELECT ins.id, 1, 'pending', ins.event_id, ` + claimEventCols + `,
-       ins.endpoint_id, NULL, ` + claimEndpointCols + `
-FROM ins
-JOIN e ON e.id = ins.event_id
-JOIN txhook_endpoints ep ON ep.id = ins.endpoint_id
-WHERE ins.state = 'running'`
+SELECT 0, CASE WHEN e.lapsed THEN 2 ELSE 1 END, CASE WHEN e.lapsed THEN 'running' ELSE 'pending' END, e.id, ` + claimEventCols + `,
+       u.ep, NULL, ` + claimEndpointCols + `, e.lease_until
+FROM e
+CROSS JOIN LATERAL unnest(e.eps) AS u(ep)
+JOIN txhook_endpoints ep ON ep.id = u.ep
+WHERE NOT e.later
+ORDER BY e.created_at, e.id, u.ep`
 
 const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state, deliver_at FROM txhook_events
 WHERE dispatched_at IS NULL AND ordering_key IS NULL
@@ -176,13 +237,27 @@ VALUES (?, ?, 'running', 1, ` + sqliteNow + ` + ?, ?, ?, ?) RETURNING id`
 const sqliteDispatchLater = `INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
 VALUES (?, ?, 'pending', 0, ?, ?, ?)`
 
-// ClaimQueries are the statements Claim and Dispatch run, for Prepare.
-func (s *Store) ClaimQueries() []string {
+// ClaimQueries are the statements Claim and Dispatch run for batches of
+// limit, for Prepare. Other limits are prepared on first use.
+func (s *Store) ClaimQueries(limit int) []string {
 	if s.Dialect == Postgres {
-		return []string{pgClaim, pgDispatch}
+		return []string{withLimit(pgClaim, limit), withLimit(pgDispatch, limit)}
 	}
 	return nil
 }
+
+// withLimit writes limit into query's {{limit}}. PostgreSQL plans a
+// LIMIT given as a parameter for a tenth of the table, which makes the
+// generic plan of a prepared statement look costly enough that every
+// execution is planned again; a literal is planned for what it says.
+func withLimit(query string, limit int) string {
+	return strings.Replace(query, "{{limit}}", strconv.Itoa(max(limit, 1)), 1)
+}
+
+// maxPrepared bounds the statements prepared on first use (see
+// queryClaimed), so that callers passing many different limits do not
+// prepare a statement per limit on every connection.
+const maxPrepared = 64
 
 // Dispatch fans out up to limit undispatched events without an ordering
 // key, oldest first: it marks them dispatched and creates their
@@ -192,8 +267,7 @@ func (s *Store) ClaimQueries() []string {
 // deliveries pending, due at deliver_at, and they are not returned.
 func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		args := []any{s.T(now), limit, owner, lease.Microseconds()}
-		return s.queryClaimed(ctx, pgDispatch, limit, args...)
+		return s.queryClaimed(ctx, withLimit(pgDispatch, limit), limit, s.T(now), owner, lease.Microseconds())
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {
@@ -519,7 +593,7 @@ LIMIT ?`), limit)
 // database's clock.
 func (s *Store) Claim(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		return s.queryClaimed(ctx, pgClaim, limit, s.T(now), limit, owner, lease.Microseconds())
+		return s.queryClaimed(ctx, withLimit(pgClaim, limit), limit, s.T(now), owner, lease.Microseconds())
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {
@@ -549,12 +623,23 @@ func (s *Store) Claim(ctx context.Context, owner string, now time.Time, lease ti
 	return out, nil
 }
 
-// queryClaimed runs a PostgreSQL claim statement, prepared when possible.
+// queryClaimed runs a PostgreSQL claim statement, prepared when possible:
+// a statement not prepared yet is prepared now, unless NoPrepare is set or
+// maxPrepared statements are.
 func (s *Store) queryClaimed(ctx context.Context, query string, limit int, args ...any) ([]Claimed, error) {
 	query = s.Rebind(query)
 	var rows *sql.Rows
 	var err error
-	if st := s.stmtFor(ctx, s.DB, query); st != nil {
+	st := s.stmtFor(ctx, s.DB, query)
+	if st == nil && !s.NoPrepare {
+		s.mu.Lock()
+		room := len(s.stmts) < maxPrepared
+		s.mu.Unlock()
+		if room && s.Prepare(ctx, query) == nil {
+			st = s.stmtFor(ctx, s.DB, query)
+		}
+	}
+	if st != nil {
 		rows, err = st.QueryContext(ctx, args...)
 	} else {
 		rows, err = s.DB.QueryContext(ctx, query, args...)
@@ -619,19 +704,26 @@ func (n *nullInt) Scan(v any) error {
 
 func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
 	out := make([]Claimed, 0, min(limit, 64))
 	for rows.Next() {
 		var c Claimed
 		var prev string
-		var et Time
+		var et, lease Time
 		var key sql.NullString
 		dest := append([]any{&c.ID, &c.Attempt, &prev, &c.EventID, &c.Tenant, &c.Type, &c.Version, &c.Payload, &et,
 			(*nullString)(&c.TraceParent), (*nullString)(&c.TraceState), &c.EndpointID, &key}, endpointDest(&c)...)
+		if len(cols) > len(dest) {
+			dest = append(dest, &lease)
+		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		c.LeaseLapsed = prev == StateRunning
-		c.EventTime = et.Time
+		c.EventTime, c.Lease = et.Time, lease.Time
 		c.OrderingKey = key.String
 		c.EndpointFound = c.URL != ""
 		out = append(out, c)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -22,8 +23,19 @@ const (
 
 // Completion is what a relay writes back for one claimed delivery.
 type Completion struct {
-	ID      int64
-	Attempt int // the claimed attempt number: the fencing token
+	ID      int64 // the delivery; 0 for a first attempt claimed with its event
+	Attempt int   // the claimed attempt number: the fencing token
+
+	// A first attempt claimed with its event (ID 0, see Claimed) has no
+	// delivery row yet: its completion inserts it, with its outcome, while
+	// the event is still leased to the owner with Lease (the fencing
+	// token). Last marks the event's last outstanding delivery: its write
+	// also marks the event dispatched and ends the lease. CreatedAt is
+	// the delivery's created_at (when the event was claimed).
+	EventID, EndpointID string
+	Lease               time.Time
+	Last                bool
+	CreatedAt           time.Time
 
 	State    string    // the new state
 	Attempts int       // the stored attempt count (Attempt-1 when the attempt was not spent)
@@ -79,8 +91,9 @@ const pgComplete = `WITH c AS (
         last_error = CASE WHEN c.record THEN COALESCE(c.error, '') ELSE d.last_error END,
         updated_at = $3
     FROM c
-    WHERE d.id = c.id AND d.state = 'running' AND d.lease_owner = $2 AND d.attempts = c.attempt
-    RETURNING d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.last_status, d.last_error
+    WHERE d.id = c.id AND d.id = ANY (ARRAY(SELECT id FROM c))
+      AND d.state = 'running' AND d.lease_owner = $2 AND d.attempts = c.attempt
+    RETURNING d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.last_status, d.last_error, c.attempt
 ), att AS (
     INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
     SELECT a.delivery_id, upd.endpoint_id, a.attempt, a.started_at, a.duration_us, a.status,
@@ -95,7 +108,7 @@ const pgComplete = `WITH c AS (
     WHERE upd.state = 'dead'
     ON CONFLICT (delivery_id) DO NOTHING
 )
-SELECT id FROM upd`
+SELECT id, attempt FROM upd`
 
 const sqliteCompleteUpdate = `UPDATE txhook_deliveries
 SET state = ?, attempts = ?, next_attempt_at = COALESCE(?, next_attempt_at), lease_owner = NULL,
@@ -120,7 +133,7 @@ ON CONFLICT (delivery_id) DO NOTHING`
 // for Prepare.
 func (s *Store) CompleteQueries() []string {
 	if s.Dialect == Postgres {
-		return []string{pgComplete}
+		return []string{pgComplete, pgCompleteFresh}
 	}
 	return nil
 }
@@ -157,6 +170,10 @@ type Completed struct {
 	// those in Substituted, its fallback. A delivery neither applied,
 	// refused nor unwritten had lost its lease to another relay.
 	Applied []int64
+	// Written maps the position of each completion written to its
+	// delivery's ID, which for a first attempt claimed with its event is
+	// the ID of the row the write created.
+	Written map[int]int64
 	// Substituted holds the completions the database refused, with the
 	// refusal, whose Fallback was written in their place (when the lease
 	// still held).
@@ -192,7 +209,32 @@ func (s *Store) Complete(ctx context.Context, owner string, now time.Time, cs []
 	for i := range cs {
 		clean[i], idx[i] = cs[i].Clean(), i
 	}
-	err := s.completeSplit(ctx, owner, now, clean, idx, &res)
+	res.Written = map[int]int64{}
+	// Delivery rows and first attempts claimed with their events are
+	// written by statements of their own, each all or nothing.
+	var rowIdx, freshIdx []int
+	for _, i := range idx {
+		if cs[i].ID == 0 && s.Dialect == Postgres {
+			freshIdx = append(freshIdx, i)
+		} else {
+			rowIdx = append(rowIdx, i)
+		}
+	}
+	var err error
+	for k, part := range [][]int{rowIdx, freshIdx} {
+		if len(part) == 0 {
+			continue
+		}
+		if err = s.completeSplit(ctx, owner, now, clean, part, &res); err != nil {
+			if k == 0 {
+				res.Unwritten = append(res.Unwritten, freshIdx...)
+			}
+			break
+		}
+	}
+	for _, id := range res.Written {
+		res.Applied = append(res.Applied, id)
+	}
 	return res, err
 }
 
@@ -202,10 +244,12 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 	for k, i := range idx {
 		batch[k] = cs[i]
 	}
-	applied, err := s.completeBatch(ctx, owner, now, batch)
+	written, err := s.completeBatch(ctx, owner, now, batch)
 	switch {
 	case err == nil:
-		res.Applied = append(res.Applied, applied...)
+		for k, id := range written {
+			res.Written[idx[k]] = id
+		}
 		return nil
 	case !Refusal(err):
 		res.Unwritten = append(res.Unwritten, idx...)
@@ -219,10 +263,12 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 		return s.completeSplit(ctx, owner, now, cs, idx[half:], res)
 	}
 	i := idx[0]
-	applied, ferr := s.completeBatch(ctx, owner, now, []Completion{Fallback(cs[i], err)})
+	written, ferr := s.completeBatch(ctx, owner, now, []Completion{Fallback(cs[i], err)})
 	switch {
 	case ferr == nil:
-		res.Applied = append(res.Applied, applied...)
+		if id, ok := written[0]; ok {
+			res.Written[i] = id
+		}
 		if res.Substituted == nil {
 			res.Substituted = map[int]error{}
 		}
@@ -236,6 +282,17 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 		res.Refused = map[int]error{}
 	}
 	res.Refused[i] = err
+	// A first attempt left unwritten must not see its event marked
+	// dispatched by a sibling written after it: the event stays leased,
+	// and the relay that takes it over once the lease lapses writes what
+	// is missing.
+	if c := cs[i]; c.ID == 0 {
+		for j := i + 1; j < len(cs); j++ {
+			if cs[j].ID == 0 && cs[j].EventID == c.EventID && cs[j].Lease.Equal(c.Lease) {
+				cs[j].Last = false
+			}
+		}
+	}
 	return nil
 }
 
@@ -261,14 +318,20 @@ func Fallback(c Completion, refusal error) Completion {
 	return c
 }
 
-func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, cs []Completion) ([]int64, error) {
+// completeBatch writes cs, all of one kind (delivery rows, or on
+// PostgreSQL first attempts claimed with their events), all or nothing,
+// and returns the delivery ID each written completion's position wrote.
+func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
 	if s.Dialect == Postgres {
+		if len(cs) > 0 && cs[0].ID == 0 {
+			return s.pgCompleteFresh(ctx, owner, now, cs)
+		}
 		return s.pgCompleteBatch(ctx, owner, now, cs)
 	}
-	var applied []int64
+	var written map[int]int64
 	err := s.Tx(ctx, func(q Querier) error {
-		applied = applied[:0]
-		for _, c := range cs {
+		written = map[int]int64{}
+		for k, c := range cs {
 			var next any
 			if !c.NextAt.IsZero() {
 				next = s.T(c.NextAt)
@@ -291,7 +354,7 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 			if n, _ := res.RowsAffected(); n != 1 {
 				continue
 			}
-			applied = append(applied, c.ID)
+			written[k] = c.ID
 			if isInline {
 				continue
 			}
@@ -316,10 +379,10 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 	if err != nil {
 		return nil, err
 	}
-	return applied, nil
+	return written, nil
 }
 
-func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time, cs []Completion) ([]int64, error) {
+func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
 	rows := make([]pgCompletion, len(cs))
 	var atts []pgAttempt
 	for i, c := range cs {
@@ -353,21 +416,158 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	args := []any{string(cj), owner, s.T(now), string(aj)}
-	var q Querier = s.DB
-	query := s.Rebind(pgComplete)
-	if st := s.stmtFor(ctx, s.DB, query); st != nil {
-		res, err := st.QueryContext(ctx, args...)
-		if err != nil {
-			return nil, err
-		}
-		return scanIDs(res)
-	}
-	res, err := q.QueryContext(ctx, query, args...)
+	res, err := s.queryPrepared(ctx, pgComplete, string(cj), owner, s.T(now), string(aj))
 	if err != nil {
 		return nil, err
 	}
-	return scanIDs(res)
+	defer res.Close()
+	pos := make(map[[2]int64]int, len(cs))
+	for k, c := range cs {
+		pos[[2]int64{c.ID, int64(c.Attempt)}] = k
+	}
+	written := make(map[int]int64, len(cs))
+	for res.Next() {
+		var id int64
+		var attempt int
+		if err := res.Scan(&id, &attempt); err != nil {
+			return nil, err
+		}
+		if k, ok := pos[[2]int64{id, int64(attempt)}]; ok {
+			written[k] = id
+		}
+	}
+	return written, res.Err()
+}
+
+// queryPrepared runs query (before Rebind) on the pool, through its
+// prepared statement when Prepare made one.
+func (s *Store) queryPrepared(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	query = s.Rebind(query)
+	if st := s.stmtFor(ctx, s.DB, query); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return s.DB.QueryContext(ctx, query, args...)
+}
+
+// pgCompleteFresh writes a batch of first attempts claimed with their
+// events (Completion.ID 0) in one statement: for each event still leased
+// to owner with the completion's lease, the delivery rows with their
+// outcomes, their attempt records (a first attempt that succeeded is kept
+// in its row, see InlineAttempt) and dead letters; the events whose last
+// delivery is in the batch are marked dispatched, which ends their lease.
+// The other events are locked FOR SHARE while their rows go in, so that
+// no relay can take a lapsed lease over between the check and the insert.
+// Completions whose event is no longer leased so (another relay took it
+// over) write nothing.
+const pgCompleteFresh = `WITH c AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(event_id text, endpoint_id text, lease timestamptz, last boolean,
+        state text, attempts int, next_at timestamptz, record boolean, status int, error text,
+        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, created_at timestamptz)
+), marked AS (
+    UPDATE txhook_events e SET dispatched_at = $3, lease_owner = NULL, lease_until = NULL
+    FROM c
+    WHERE e.id = ANY (ARRAY(SELECT event_id FROM c WHERE last)) AND e.id = c.event_id AND c.last
+      AND e.lease_owner = $2 AND e.lease_until = c.lease AND e.dispatched_at IS NULL
+    RETURNING e.id
+), held AS (
+    SELECT e.id FROM txhook_events e
+    WHERE e.id = ANY (ARRAY(SELECT event_id FROM c EXCEPT SELECT event_id FROM c WHERE last))
+      AND e.lease_owner = $2 AND e.dispatched_at IS NULL
+      AND e.lease_until = (SELECT min(c.lease) FROM c WHERE c.event_id = e.id)
+    FOR SHARE OF e
+), ins AS (
+    INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, last_status, last_error,
+        ok_started_at, ok_duration_us, ok_excerpt, created_at, updated_at)
+    SELECT c.event_id, c.endpoint_id, c.state, c.attempts, COALESCE(c.next_at, $3),
+           CASE WHEN c.record THEN c.status END, CASE WHEN c.record THEN COALESCE(c.error, '') ELSE '' END,
+           c.ok_started_at, c.ok_duration_us, c.ok_excerpt, c.created_at, $3
+    FROM c
+    WHERE c.event_id IN (SELECT id FROM marked UNION ALL SELECT id FROM held)
+    RETURNING id, event_id, endpoint_id, state, attempts, last_status, last_error
+), att AS (
+    INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
+    SELECT ins.id, ins.endpoint_id, a.attempt, a.started_at, a.duration_us, a.status,
+           COALESCE(a.excerpt, ''), COALESCE(a.error, '')
+    FROM jsonb_to_recordset($4::jsonb) AS a(event_id text, endpoint_id text, attempt int, started_at timestamptz,
+        duration_us bigint, status int, excerpt text, error text)
+    JOIN ins ON ins.event_id = a.event_id AND ins.endpoint_id = a.endpoint_id
+), dead AS (
+    INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at)
+    SELECT ins.id, ins.event_id, ins.endpoint_id, e.tenant, e.type, ins.attempts, ins.last_status, ins.last_error, $3
+    FROM ins JOIN txhook_events e ON e.id = ins.event_id
+    WHERE ins.state = 'dead'
+    ON CONFLICT (delivery_id) DO NOTHING
+)
+SELECT id, event_id, endpoint_id FROM ins`
+
+type pgFresh struct {
+	EventID    string `json:"event_id"`
+	EndpointID string `json:"endpoint_id"`
+	Lease      string `json:"lease"`
+	Last       bool   `json:"last"`
+	CreatedAt  string `json:"created_at"`
+	pgCompletion
+}
+
+type pgFreshAttempt struct {
+	EventID    string `json:"event_id"`
+	EndpointID string `json:"endpoint_id"`
+	pgAttempt
+}
+
+func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
+	rows := make([]pgFresh, len(cs))
+	var atts []pgFreshAttempt
+	pos := make(map[[2]string]int, len(cs))
+	for k, c := range cs {
+		pos[[2]string{c.EventID, c.EndpointID}] = k
+		r := pgFresh{EventID: c.EventID, EndpointID: c.EndpointID, Last: c.Last,
+			Lease: c.Lease.UTC().Format(time.RFC3339Nano), CreatedAt: c.CreatedAt.UTC().Format(time.RFC3339Nano),
+			pgCompletion: pgCompletion{State: c.State, Attempts: c.Attempts, Record: c.Record, Status: c.Status, Error: c.Error}}
+		if !c.NextAt.IsZero() {
+			t := c.NextAt.UTC().Format(time.RFC3339Nano)
+			r.NextAt = &t
+		}
+		if a, ok := InlineAttempt(c); ok {
+			t := a.StartedAt.UTC().Format(time.RFC3339Nano)
+			r.OKStartedAt, r.OKDurationUS, r.OKExcerpt = &t, a.Duration.Microseconds(), a.Excerpt
+		} else {
+			for _, a := range c.Records {
+				atts = append(atts, pgFreshAttempt{EventID: c.EventID, EndpointID: c.EndpointID, pgAttempt: pgAttempt{
+					Attempt: a.Attempt, StartedAt: a.StartedAt.UTC().Format(time.RFC3339Nano),
+					DurationUS: a.Duration.Microseconds(), Status: a.Status, Excerpt: a.Excerpt, Error: a.Error}})
+			}
+		}
+		rows[k] = r
+	}
+	cj, err := json.Marshal(rows)
+	if err != nil {
+		return nil, err
+	}
+	if atts == nil {
+		atts = []pgFreshAttempt{}
+	}
+	aj, err := json.Marshal(atts)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.queryPrepared(ctx, pgCompleteFresh, string(cj), owner, s.T(now), string(aj))
+	if err != nil {
+		return nil, err
+	}
+	defer res.Close()
+	written := make(map[int]int64, len(cs))
+	for res.Next() {
+		var id int64
+		var ev, ep string
+		if err := res.Scan(&id, &ev, &ep); err != nil {
+			return nil, err
+		}
+		if k, ok := pos[[2]string{ev, ep}]; ok {
+			written[k] = id
+		}
+	}
+	return written, res.Err()
 }
 
 func scanIDs(rows Rows) ([]int64, error) {

@@ -157,7 +157,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	if _, err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Prepare(ctx, append(append(s.EnqueueQueries(false), s.ClaimQueries()...), s.CompleteQueries()...)...); err != nil {
+	if err := s.Prepare(ctx, append(append(s.EnqueueQueries(false), s.ClaimQueries(10)...), s.CompleteQueries()...)...); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
@@ -265,12 +265,17 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			}
 			var cs []store.Completion
 			for _, c := range claimed {
-				cs = append(cs, store.Completion{ID: c.ID, Attempt: 1, State: store.StateDead, Attempts: 1, Record: true, Status: 500, Error: "HTTP 500",
-					Records: []store.AttemptRecord{{Attempt: 1, StartedAt: now, Duration: time.Millisecond, Status: 500, Error: "HTTP 500"}}})
+				x := c.Completion(now, true)
+				x.State, x.Attempts, x.Record, x.Status, x.Error = store.StateDead, 1, true, 500, "HTTP 500"
+				x.Records = []store.AttemptRecord{{Attempt: 1, StartedAt: now, Duration: time.Millisecond, Status: 500, Error: "HTTP 500"}}
+				cs = append(cs, x)
 			}
 			res, err := s.Complete(ctx, "relay", now, cs)
 			if err == nil && len(res.Applied) != 2 {
 				err = errors.New("completions not applied")
+			}
+			for k, id := range res.Written {
+				claimed[k].ID = id // a first attempt claimed with its event has a row now
 			}
 			return err
 		},

@@ -41,8 +41,8 @@ func TestReadmeSnippet(t *testing.T) {
 	// Run it: goose on one schema through the service's pool, golang-migrate
 	// on another through its own connection.
 	ctx := context.Background()
-	db := testdb.Open(t, testdb.Backends[2])
-	other := testdb.Open(t, testdb.Backends[1])
+	db := testdb.Open(t, testdb.PostgresBackends[1])
+	other := testdb.Open(t, testdb.PostgresBackends[0])
 	ob, err := outbox.New(ctx, db.DB, outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
