@@ -54,7 +54,7 @@ type Claimed struct {
 // and claimedAt, when the claim ran, as the delivery's created_at. last
 // says whether c is the last of its event's claimed first attempts to be
 // written, whose write marks the event dispatched (see Completion).
-func (c *Claimed) Completion(claimedAt time.Time, last bool) Completion {
+func (c Claimed) Completion(claimedAt time.Time, last bool) Completion {
 	out := Completion{ID: c.ID, Attempt: c.Attempt}
 	if c.ID == 0 {
 		out.EventID, out.EndpointID, out.Lease, out.CreatedAt, out.Last = c.EventID, c.EndpointID, c.Lease, claimedAt, last

@@ -389,11 +389,11 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 		r := pgCompletion{ID: c.ID, Attempt: c.Attempt, State: c.State, Attempts: c.Attempts,
 			Record: c.Record, Status: c.Status, Error: c.Error}
 		if !c.NextAt.IsZero() {
-			t := c.NextAt.UTC().Format(time.RFC3339Nano)
+			t := jsonTS(c.NextAt)
 			r.NextAt = &t
 		}
 		if a, ok := InlineAttempt(c); ok {
-			t := a.StartedAt.UTC().Format(time.RFC3339Nano)
+			t := jsonTS(a.StartedAt)
 			r.OKStartedAt, r.OKDurationUS, r.OKExcerpt = &t, a.Duration.Microseconds(), a.Excerpt
 			rows[i] = r
 			continue
@@ -401,7 +401,7 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 		rows[i] = r
 		for _, a := range c.Records {
 			atts = append(atts, pgAttempt{DeliveryID: c.ID, Attempt: a.Attempt,
-				StartedAt: a.StartedAt.UTC().Format(time.RFC3339Nano), DurationUS: a.Duration.Microseconds(),
+				StartedAt: jsonTS(a.StartedAt), DurationUS: a.Duration.Microseconds(),
 				Status: a.Status, Excerpt: a.Excerpt, Error: a.Error})
 		}
 	}
@@ -522,19 +522,19 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 	for k, c := range cs {
 		pos[[2]string{c.EventID, c.EndpointID}] = k
 		r := pgFresh{EventID: c.EventID, EndpointID: c.EndpointID, Last: c.Last,
-			Lease: c.Lease.UTC().Format(time.RFC3339Nano), CreatedAt: c.CreatedAt.UTC().Format(time.RFC3339Nano),
+			Lease: jsonTS(c.Lease), CreatedAt: jsonTS(c.CreatedAt),
 			pgCompletion: pgCompletion{State: c.State, Attempts: c.Attempts, Record: c.Record, Status: c.Status, Error: c.Error}}
 		if !c.NextAt.IsZero() {
-			t := c.NextAt.UTC().Format(time.RFC3339Nano)
+			t := jsonTS(c.NextAt)
 			r.NextAt = &t
 		}
 		if a, ok := InlineAttempt(c); ok {
-			t := a.StartedAt.UTC().Format(time.RFC3339Nano)
+			t := jsonTS(a.StartedAt)
 			r.OKStartedAt, r.OKDurationUS, r.OKExcerpt = &t, a.Duration.Microseconds(), a.Excerpt
 		} else {
 			for _, a := range c.Records {
 				atts = append(atts, pgFreshAttempt{EventID: c.EventID, EndpointID: c.EndpointID, pgAttempt: pgAttempt{
-					Attempt: a.Attempt, StartedAt: a.StartedAt.UTC().Format(time.RFC3339Nano),
+					Attempt: a.Attempt, StartedAt: jsonTS(a.StartedAt),
 					DurationUS: a.Duration.Microseconds(), Status: a.Status, Excerpt: a.Excerpt, Error: a.Error}})
 			}
 		}

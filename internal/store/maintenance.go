@@ -412,7 +412,7 @@ func pgTime(t time.Time) *string {
 	if t.IsZero() {
 		return nil
 	}
-	s := t.UTC().Format(time.RFC3339Nano)
+	s := jsonTS(t)
 	return &s
 }
 

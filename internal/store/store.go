@@ -179,7 +179,16 @@ func (s *Store) JSONTime(t time.Time) any {
 	if s.Dialect == SQLite {
 		return t.UnixMicro()
 	}
-	return t.UTC().Format(time.RFC3339Nano)
+	return jsonTS(t)
+}
+
+// jsonTS renders t for PostgreSQL's JSON functions, cut to the
+// microseconds PostgreSQL keeps, as pgx cuts time parameters: PostgreSQL
+// rounds a finer text value, which could store a time a microsecond after
+// the same time passed as a parameter by pgx, so that a delivery due at t
+// would not be due at t.
+func jsonTS(t time.Time) string {
+	return t.UTC().Truncate(time.Microsecond).Format(time.RFC3339Nano)
 }
 
 // Time scans a time column of either dialect.

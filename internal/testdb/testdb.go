@@ -109,6 +109,18 @@ func Each(t *testing.T, fn func(t *testing.T, db *DB)) {
 	}
 }
 
+// EachPostgres runs fn as a parallel subtest on PostgreSQL through each
+// driver, for what only PostgreSQL does.
+func EachPostgres(t *testing.T, fn func(t *testing.T, db *DB)) {
+	t.Helper()
+	for _, b := range PostgresBackends {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, Open(t, b))
+		})
+	}
+}
+
 // SQLiteDSN is the DSN txhook recommends for a SQLite file: WAL so readers
 // do not block the writer, a busy timeout so writers wait for each other,
 // and IMMEDIATE transactions so a transaction that reads and then writes
