@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/txhook/txhook/internal/store"
 )
 
 // Retention says how long finished work is kept. The zero value keeps
@@ -124,13 +126,19 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 	if err := o.dropPartitions(ctx, cut, &p); err != nil {
 		return p, err
 	}
-	if err := loop(func() (int, error) {
-		n, a, err := o.st.PruneFinished(ctx, cut, r.BatchSize)
+	// Finished deliveries: one walk by ID over those created before the
+	// cut (see store.PruneFinished), bounded like the loops.
+	var walk store.PruneCursor
+	for range maxPruneBatches * 4 {
+		n, a, err := o.st.PruneFinished(ctx, cut, r.BatchSize, &walk)
 		p.Deliveries += n
 		p.Attempts += a
-		return n, err
-	}); err != nil {
-		return p, err
+		if err != nil {
+			return p, fmt.Errorf("txhook: prune: %w", err)
+		}
+		if walk.Done {
+			break
+		}
 	}
 	err := loop(func() (int, error) {
 		n, err := o.st.PruneEvents(ctx, cut, r.BatchSize)

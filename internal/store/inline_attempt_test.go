@@ -85,7 +85,7 @@ func TestFirstSuccessWritesNoAttemptRow(t *testing.T) {
 		}
 
 		// Pruning counts the inline attempt as an attempt pruned.
-		d, a, err := st.PruneFinished(ctx, now.Add(time.Hour), 10)
+		d, a, err := st.PruneFinished(ctx, now.Add(time.Hour), 10, &store.PruneCursor{})
 		if err != nil || d != 2 || a != 3 {
 			t.Fatalf("prune: %d deliveries, %d attempts, %v; want 2, 3", d, a, err)
 		}

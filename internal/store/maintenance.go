@@ -23,20 +23,92 @@ func jsonStrings(v []string) string {
 	return string(b)
 }
 
-// PruneFinished deletes up to limit finished deliveries last updated before
-// `before`, with their attempts: succeeded ones, and dead ones whose dead
-// letter is gone (purged or replayed). It returns how many deliveries and
-// attempts it deleted.
-func (s *Store) PruneFinished(ctx context.Context, before time.Time, limit int) (deliveries, attempts int, err error) {
+// PruneCursor is where a walk of PruneFinished stands: the last delivery
+// ID it looked at, and Done once it reached deliveries created after the
+// cut (or the end of the table). The zero value starts at the first
+// delivery.
+type PruneCursor struct {
+	After int64
+	Done  bool
+}
+
+// pruneWindow is how many deliveries, in multiples of the batch size, one
+// PruneFinished call looks at.
+const pruneWindow = 4
+
+// finishedBefore is the condition that delivery d may be pruned at cut
+// ?: succeeded, or dead with its dead letter gone (purged or replayed),
+// and finished before the cut.
+const finishedBefore = `d.state IN ('succeeded', 'dead') AND d.updated_at < ?
+  AND (d.state = 'succeeded' OR NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.delivery_id = d.id))`
+
+// PruneFinished deletes, among the next limit×4 deliveries in ID order
+// after cur, the finished ones last updated before `before`, with their
+// attempts: succeeded ones, and dead ones whose dead letter is gone
+// (purged or replayed). It returns how many deliveries and attempts it
+// deleted and moves cur on; a walk from the zero cursor until cur.Done
+// looks at every delivery created before `before` once.
+//
+// Deliveries are walked by ID, not through an index of finish times: IDs
+// follow creation, a delivery finishes after it is created, and an index
+// of finish times would cost every delivery an entry (about 80 bytes of
+// WAL and its CPU, on the path every event takes). What the walk reads and
+// keeps (unfinished deliveries, dead letters kept) it reads once per walk.
+func (s *Store) PruneFinished(ctx context.Context, before time.Time, limit int, cur *PruneCursor) (deliveries, attempts int, err error) {
+	if cur.Done {
+		return 0, 0, nil
+	}
+	window := max(limit, 1) * pruneWindow
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT d.id, d.created_at < ?, `+finishedBefore+`
+FROM txhook_deliveries d WHERE d.id > ? ORDER BY d.id LIMIT ?`), s.T(before), s.T(before), cur.After, window)
+	if err != nil {
+		return 0, 0, err
+	}
+	var ids []int64
+	seen, last, lastOld := 0, cur.After, false
+	for rows.Next() {
+		var id int64
+		var old, done bool
+		if err := rows.Scan(&id, &old, &done); err != nil {
+			rows.Close()
+			return 0, 0, err
+		}
+		seen, last, lastOld = seen+1, id, old
+		if done {
+			ids = append(ids, id)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, 0, err
+	}
+	// IDs follow creation but for the relays' clocks and the time an
+	// outcome takes to be written: past the first window that ends on a
+	// delivery created after the cut, the rest is newer. What sits on
+	// either side of that line is pruned by a later walk.
+	cur.After, cur.Done = last, seen < window || !lastOld
+	for len(ids) > 0 {
+		n := min(len(ids), limit)
+		d, a, err := s.pruneDeliveries(ctx, before, ids[:n])
+		deliveries, attempts = deliveries+d, attempts+a
+		if err != nil {
+			return deliveries, attempts, err
+		}
+		ids = ids[n:]
+	}
+	return deliveries, attempts, nil
+}
+
+// pruneDeliveries deletes those of ids that may still be pruned at
+// before, with their attempts, in one transaction.
+func (s *Store) pruneDeliveries(ctx context.Context, before time.Time, ids []int64) (deliveries, attempts int, err error) {
 	err = s.Tx(ctx, func(q Querier) error {
 		lock := ""
 		if s.Dialect == Postgres {
 			lock = " FOR UPDATE SKIP LOCKED"
 		}
-		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT id FROM txhook_deliveries d
-WHERE state IN ('succeeded', 'dead') AND updated_at < ?
-  AND (state = 'succeeded' OR NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.delivery_id = d.id))
-ORDER BY updated_at LIMIT ?`+lock), s.T(before), limit)
+		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT d.id FROM txhook_deliveries d
+WHERE `+s.idsIn("d.id")+` AND `+finishedBefore+` ORDER BY d.id`+lock), jsonIDs(ids), s.T(before))
 		if err != nil {
 			return err
 		}
@@ -66,7 +138,10 @@ ORDER BY updated_at LIMIT ?`+lock), s.T(before), limit)
 		deliveries = int(n)
 		return nil
 	})
-	return deliveries, attempts, err
+	if err != nil {
+		return 0, 0, err
+	}
+	return deliveries, attempts, nil
 }
 
 // PruneDeadLetters deletes up to limit dead letters that failed before

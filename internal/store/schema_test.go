@@ -329,7 +329,10 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, err := s.Recover(ctx, ep.ID, []store.RecoverEvent{{ID: ev.ID, CreatedAt: now}}, now)
 			return err
 		},
-		"PruneFinished":    func() error { _, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10); return err },
+		"PruneFinished": func() error {
+			_, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10, &store.PruneCursor{})
+			return err
+		},
 		"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
 		"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
 		"TenantEndpoint":   func() error { _, err := s.TenantEndpoint(ctx, db.DB, "m", ep.ID); return err },
