@@ -17,6 +17,10 @@ var ErrInvalidSince = errors.New("txhook: recover: since must be a time in the p
 const (
 	recoverScan  = 10000
 	recoverBatch = 1000
+	// recoverWindow is the first window of dispatch time a scan covers,
+	// maxRecoverWindow the longest.
+	recoverWindow    = time.Hour
+	maxRecoverWindow = 24 * time.Hour
 )
 
 // Recover queues again, to one endpoint, every event since a time that it
@@ -43,8 +47,9 @@ const (
 // Only events still stored can be recovered: an event that no delivery or
 // dead letter refers to (the case of one skipped while its only endpoint
 // was disabled) is pruned once it is Retention.Succeeded old (7 days by
-// default). Recover reads every tenant's events dispatched since `since`,
-// a page at a time: recover the window you need, not all of history.
+// default). Recover reads the tenant's deliveries created since `since`
+// (and the events no endpoint was sent), up to a day of them at a time:
+// recover the window you need, not all of history.
 //
 // The error matches ErrEndpointNotFound for an unknown endpoint and
 // ErrInvalidSince for a zero since or one in the future.
@@ -56,11 +61,32 @@ func (o *Outbox) Recover(ctx context.Context, endpointID string, since time.Time
 		return 0, err
 	}
 	total := 0
-	after := store.RecoverCursor{CreatedAt: since}
-	for {
-		page, err := o.st.RecoverCandidates(ctx, endpointID, after, recoverScan)
+	// Windows of dispatch time, in order, from a little before since to
+	// a little after now, each starting at the next dispatch (quiet
+	// stretches are skipped); a window holding more than recoverScan
+	// candidates is halved until it does not, and windows grow again
+	// while they hold fewer.
+	from, end := since.Add(-store.RecoverSlack), o.clock.Now().Add(store.RecoverSlack)
+	step := recoverWindow
+	for from.Before(end) {
+		next, ok, err := o.st.RecoverNext(ctx, endpointID, from)
 		if err != nil {
 			return total, fmt.Errorf("txhook: recover: %w", err)
+		}
+		if !ok || !next.Before(end) {
+			break
+		}
+		if next.After(from) {
+			from = next
+		}
+		to := from.Add(step)
+		page, more, err := o.st.RecoverCandidates(ctx, endpointID, since, from, to, recoverScan)
+		if err != nil {
+			return total, fmt.Errorf("txhook: recover: %w", err)
+		}
+		if more && step > time.Millisecond {
+			step /= 2
+			continue
 		}
 		for rest := page; len(rest) > 0; {
 			batch := rest[:min(len(rest), recoverBatch)]
@@ -77,10 +103,10 @@ func (o *Outbox) Recover(ctx context.Context, endpointID string, since time.Time
 				o.wake(ctx)
 			}
 		}
-		if len(page) < recoverScan {
-			return total, nil
+		from = to
+		if !more {
+			step = min(2*step, maxRecoverWindow)
 		}
-		last := page[len(page)-1]
-		after = store.RecoverCursor{CreatedAt: last.CreatedAt, ID: last.ID}
 	}
+	return total, nil
 }

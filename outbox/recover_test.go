@@ -222,3 +222,71 @@ func TestRecoverRefusesBadInput(t *testing.T) {
 		t.Errorf("unknown endpoint: %v", err)
 	}
 }
+
+// Events no endpoint was sent (the tenant's only endpoint was disabled, or
+// the endpoint they went to was deleted since) have no delivery to find
+// them by: Recover finds them all the same, and only the tenant's, and
+// retention prunes them once they are old enough.
+func TestRecoverFindsEventsNoEndpointWasSent(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		b := setup(t, db, outbox.Config{})
+		since := time.Now().Add(-time.Minute)
+		rc := newIDReceiver(t)
+		solo := b.endpoint("solo", rc.URL)
+		gone := b.endpoint("moved", rc.URL)
+		b.endpoint("other", newReceiver(t, nil).URL)
+		b.relay(outbox.RelayConfig{})
+		if err := b.ob.DisableEndpoint(b.ctx, solo.ID, "maintenance"); err != nil {
+			t.Fatal(err)
+		}
+		send := func(tenant, key string) string {
+			return b.enqueue(outbox.Event{Tenant: tenant, Type: "payment.succeeded", Payload: []byte(`{}`), OrderingKey: key})
+		}
+		missed := []string{send("solo", ""), send("solo", "k"), send("solo", "k")}
+		moved := []string{send("moved", ""), send("moved", "k")}
+		send("other", "")
+		b.allDispatched()
+		b.eventually("the moved tenant's events delivered", func() bool {
+			for _, id := range moved {
+				if ok, _ := rc.got(id); ok == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		if err := b.ob.DeleteEndpoint(b.ctx, gone.ID); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.count("SELECT count(*) FROM txhook_events WHERE unrouted"); n != len(missed)+len(moved) {
+			t.Fatalf("%d events marked unrouted, want %d", n, len(missed)+len(moved))
+		}
+
+		if err := b.ob.EnableEndpoint(b.ctx, solo.ID); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := b.ob.Recover(b.ctx, solo.ID, since); err != nil || n != len(missed) {
+			t.Fatalf("Recover queued %d (%v), want %d", n, err, len(missed))
+		}
+		// The moved tenant's new endpoint gets what the deleted one had.
+		next := b.endpoint("moved", rc.URL)
+		if n, err := b.ob.Recover(b.ctx, next.ID, since); err != nil || n != len(moved) {
+			t.Fatalf("Recover to the new endpoint queued %d (%v), want %d", n, err, len(moved))
+		}
+		b.eventually("recovered events delivered", func() bool {
+			for _, id := range missed {
+				if ok, _ := rc.got(id); ok != 1 {
+					return false
+				}
+			}
+			for _, id := range moved {
+				if ok, _ := rc.got(id); ok != 2 {
+					return false
+				}
+			}
+			return true
+		})
+		if ids := rc.order(); len(ids) != 2*len(moved)+len(missed) {
+			t.Fatalf("receiver got %v", ids)
+		}
+	})
+}

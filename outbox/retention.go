@@ -130,9 +130,10 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 	// cut (see store.PruneFinished), bounded like the loops.
 	var walk store.PruneCursor
 	for range maxPruneBatches * 4 {
-		n, a, err := o.st.PruneFinished(ctx, cut, r.BatchSize, &walk)
+		n, a, e, err := o.st.PruneFinished(ctx, cut, r.BatchSize, &walk)
 		p.Deliveries += n
 		p.Attempts += a
+		p.Events += e
 		if err != nil {
 			return p, fmt.Errorf("txhook: prune: %w", err)
 		}

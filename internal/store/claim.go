@@ -22,7 +22,10 @@ type Claimed struct {
 	// Lease is, for a first attempt claimed with its event (ID 0), the
 	// event's lease expiry as the database set it: the fencing token the
 	// completion presents. Zero for a delivery row.
-	Lease       time.Time
+	Lease time.Time
+	// CreatedAt is the delivery row's created_at; zero for a first attempt
+	// claimed with its event.
+	CreatedAt   time.Time
 	EventID     string
 	Tenant      string
 	Type        string
@@ -55,7 +58,7 @@ type Claimed struct {
 // says whether c is the last of its event's claimed first attempts to be
 // written, whose write marks the event dispatched (see Completion).
 func (c Claimed) Completion(claimedAt time.Time, last bool) Completion {
-	out := Completion{ID: c.ID, Attempt: c.Attempt}
+	out := Completion{ID: c.ID, Attempt: c.Attempt, CreatedAt: c.CreatedAt}
 	if c.ID == 0 {
 		out.EventID, out.EndpointID, out.Lease, out.CreatedAt, out.Last = c.EventID, c.EndpointID, c.Lease, claimedAt, last
 	}
@@ -111,10 +114,10 @@ const pgClaim = `WITH due AS (
     UPDATE txhook_deliveries d
     SET state = 'running', attempts = d.attempts + 1, lease_owner = $2, next_attempt_at = ` + pgLeaseUntil3 + `, updated_at = $1
     FROM due WHERE d.id = due.id AND d.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key
+    RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key, d.created_at AS row_created
 )
 SELECT c.id, c.attempts, c.prev_state, c.event_id, ` + claimEventCols + `,
-       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `, NULL::timestamptz
+       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `, NULL::timestamptz, c.row_created
 FROM claimed c
 JOIN txhook_events e ON e.id = c.event_id AND e.id = ANY (ARRAY(SELECT event_id FROM claimed))
 LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id`
@@ -130,7 +133,7 @@ const sqliteNow = `CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)
 // own clock times the leases, as PostgreSQL's does there: relays in one
 // process may each have been given a different Config.Clock.
 const sqliteClaimSelect = `SELECT d.id, d.attempts + 1, d.state, d.event_id, ` + claimEventCols + `,
-       d.endpoint_id, d.ordering_key, ` + claimEndpointCols + `
+       d.endpoint_id, d.ordering_key, ` + claimEndpointCols + `, NULL, d.created_at
 FROM txhook_deliveries d
 JOIN txhook_events e ON e.id = d.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = d.endpoint_id
@@ -175,7 +178,10 @@ func (s *Store) subscribed(typ string) string {
 // have its delivery row are left out, and the attempts of the others count
 // the lapsed one (attempt 2, LeaseLapsed). An event with nothing left to
 // deliver (no endpoint subscribes, or every delivery was written) is marked
-// dispatched and yields nothing. A delayed event (deliver_at later than $1)
+// dispatched and yields nothing; when it has no delivery at all it is
+// marked unrouted, which is how retention finds it (an event with
+// deliveries goes with the last of them, see PruneFinished). A delayed
+// event (deliver_at later than $1)
 // is marked dispatched at once with its deliveries pending, due at
 // deliver_at, and is not returned.
 //
@@ -187,7 +193,7 @@ var pgDispatch = `WITH ev AS (
     ORDER BY created_at
     LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
-), x AS MATERIALIZED (
+), xs AS MATERIALIZED (
     SELECT ev.id, ev.later, ev.lapsed, ARRAY(
         SELECT ep.id FROM txhook_endpoints ep
         WHERE ep.tenant = ev.tenant AND ep.enabled AND ` + (&Store{Dialect: Postgres}).subscribed("ev.type") + `
@@ -195,11 +201,16 @@ var pgDispatch = `WITH ev AS (
             SELECT 1 FROM txhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = ep.id))
         ORDER BY ep.id) AS eps
     FROM ev
+), x AS (
+    SELECT xs.*, cardinality(xs.eps) = 0 AND (NOT xs.lapsed OR NOT EXISTS (
+        SELECT 1 FROM txhook_deliveries d WHERE d.event_id = xs.id)) AS unrouted
+    FROM xs
 ), e AS (
     UPDATE txhook_events e
     SET lease_owner = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN NULL ELSE $2 END,
         lease_until = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN NULL ELSE ` + pgLeaseUntil3 + ` END,
-        dispatched_at = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN $1::timestamptz END
+        dispatched_at = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN $1::timestamptz END,
+        unrouted = CASE WHEN x.unrouted THEN true END
     FROM x
     WHERE e.id = x.id AND e.id = ANY (ARRAY(SELECT id FROM ev))
     RETURNING e.id, ` + claimEventCols + `, e.deliver_at, e.lease_until, x.later, x.lapsed, x.eps
@@ -291,11 +302,14 @@ func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease
 				return err
 			}
 			events[c.EventID].fill(&c)
-			c.Attempt, c.EndpointFound = 1, true
+			c.Attempt, c.EndpointFound, c.CreatedAt = 1, true, now
 			out = append(out, c)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
+			return err
+		}
+		if err := s.markUnrouted(ctx, q, ids, out); err != nil {
 			return err
 		}
 		claimed := out[:0]
@@ -319,6 +333,26 @@ func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease
 		return nil, err
 	}
 	return out, nil
+}
+
+// markUnrouted marks unrouted those of the events ids (just marked
+// dispatched) that got no delivery in cs.
+func (s *Store) markUnrouted(ctx context.Context, q Querier, ids []string, cs []Claimed) error {
+	routed := make(map[string]bool, len(cs))
+	for _, c := range cs {
+		routed[c.EventID] = true
+	}
+	var none []string
+	for _, id := range ids {
+		if !routed[id] {
+			none = append(none, id)
+		}
+	}
+	if len(none) == 0 {
+		return nil
+	}
+	_, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_events SET unrouted = TRUE WHERE `+s.textIn("id")), jsonStrings(none))
+	return err
 }
 
 // pendingEvent is an undispatched event read for dispatch.
@@ -484,12 +518,15 @@ ORDER BY ep.id`
 					return err
 				}
 				e.fill(&c)
-				c.Attempt, c.EndpointFound = 1, true
+				c.Attempt, c.EndpointFound, c.CreatedAt = 1, true, now
 				cs = append(cs, c)
 				blocked = append(blocked, b)
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
+				return err
+			}
+			if err := s.markUnrouted(ctx, q, []string{e.id}, cs); err != nil {
 				return err
 			}
 			for i := range cs {
@@ -716,14 +753,18 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		var key sql.NullString
 		dest := append([]any{&c.ID, &c.Attempt, &prev, &c.EventID, &c.Tenant, &c.Type, &c.Version, &c.Payload, &et,
 			(*nullString)(&c.TraceParent), (*nullString)(&c.TraceState), &c.EndpointID, &key}, endpointDest(&c)...)
-		if len(cols) > len(dest) {
+		var created Time
+		switch len(cols) - len(dest) {
+		case 1:
 			dest = append(dest, &lease)
+		case 2:
+			dest = append(dest, &lease, &created)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		c.LeaseLapsed = prev == StateRunning
-		c.EventTime, c.Lease = et.Time, lease.Time
+		c.EventTime, c.Lease, c.CreatedAt = et.Time, lease.Time, created.Time
 		c.OrderingKey = key.String
 		c.EndpointFound = c.URL != ""
 		out = append(out, c)

@@ -26,16 +26,18 @@ type Completion struct {
 	ID      int64 // the delivery; 0 for a first attempt claimed with its event
 	Attempt int   // the claimed attempt number: the fencing token
 
+	// CreatedAt is the delivery's created_at: the row's, or for a first
+	// attempt claimed with its event when the event was claimed.
+	CreatedAt time.Time
+
 	// A first attempt claimed with its event (ID 0, see Claimed) has no
 	// delivery row yet: its completion inserts it, with its outcome, while
 	// the event is still leased to the owner with Lease (the fencing
 	// token). Last marks the event's last outstanding delivery: its write
-	// also marks the event dispatched and ends the lease. CreatedAt is
-	// the delivery's created_at (when the event was claimed).
+	// also marks the event dispatched and ends the lease.
 	EventID, EndpointID string
 	Lease               time.Time
 	Last                bool
-	CreatedAt           time.Time
 
 	State    string    // the new state
 	Attempts int       // the stored attempt count (Attempt-1 when the attempt was not spent)
@@ -60,15 +62,27 @@ type AttemptRecord struct {
 
 // InlineAttempt returns the attempt record that c writes in its
 // delivery's row instead of txhook_attempts (migration 008): the only
-// record of a first attempt that succeeded. ok is false for every other
-// completion, whose records are rows of txhook_attempts.
+// record of a first attempt that succeeded, started within InlineSlack of
+// the delivery's created_at (Completion.CreatedAt). ok is false for every
+// other completion, whose records are rows of txhook_attempts.
 func InlineAttempt(c Completion) (r AttemptRecord, ok bool) {
 	if c.State != StateSucceeded || c.Attempt != 1 || len(c.Records) != 1 {
 		return AttemptRecord{}, false
 	}
 	r = c.Records[0]
+	if d := r.StartedAt.Sub(c.CreatedAt); d <= -InlineSlack || d >= InlineSlack {
+		return AttemptRecord{}, false
+	}
 	return r, r.Attempt == 1 && r.Error == ""
 }
+
+// InlineSlack bounds how far from its delivery's created_at a first
+// attempt kept in the delivery's row started (migration 009): the reads of
+// an endpoint's attempt log by start time find those attempts through the
+// index of its deliveries by created_at (txhook_deliveries_endpoint_log),
+// widened by this much. A first attempt claimed with its event is written
+// with created_at = its start.
+const InlineSlack = time.Second
 
 // pgComplete applies a batch of completions in one statement, so the
 // delivery update, its attempt records and, for a final failure, the
@@ -531,6 +545,9 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 		if a, ok := InlineAttempt(c); ok {
 			t := jsonTS(a.StartedAt)
 			r.OKStartedAt, r.OKDurationUS, r.OKExcerpt = &t, a.Duration.Microseconds(), a.Excerpt
+			// Created when it was attempted: the attempt log by start
+			// time reads it through created_at (InlineSlack).
+			r.CreatedAt = t
 		} else {
 			for _, a := range c.Records {
 				atts = append(atts, pgFreshAttempt{EventID: c.EventID, EndpointID: c.EndpointID, pgAttempt: pgAttempt{

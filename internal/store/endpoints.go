@@ -83,6 +83,15 @@ func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
 		if err := oneRow(res, err); err != nil {
 			return err
 		}
+		// Events left with no delivery and no dead letter are marked
+		// unrouted, which is how retention finds them.
+		if _, err := q.ExecContext(ctx, s.Rebind(`UPDATE txhook_events SET unrouted = TRUE
+WHERE id IN (SELECT event_id FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead')
+  AND dispatched_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = txhook_events.id AND (d.endpoint_id <> ? OR d.state = 'dead'))
+  AND NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = txhook_events.id)`), id, id); err != nil {
+			return err
+		}
 		if _, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_attempts WHERE delivery_id IN (
     SELECT id FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead')`), id); err != nil {
 			return err

@@ -54,15 +54,15 @@ func (s *Store) EndpointHealth(ctx context.Context, endpointID string, since, un
 	var failing Time
 	// Failures are counted on the partial index of failed attempts, so
 	// both counts are index-only, however busy the endpoint.
+	args := append(s.countAttemptsArgs(endpointID, since, until),
+		endpointID, s.T(since), s.T(until),
+		endpointID, endpointID, endpointID)
 	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT
-    (SELECT count(*) FROM txhook_attempt_log WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?),
+    `+countAttempts+`,
     (SELECT count(*) FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? AND error <> ''),
     (SELECT count(*) FROM txhook_deliveries WHERE endpoint_id = ? AND state IN (`+unfinishedStates+`)),
     (SELECT count(*) FROM txhook_dead_letters WHERE endpoint_id = ?),
-    (SELECT failing_since FROM txhook_endpoints WHERE id = ?)`),
-		endpointID, s.T(since), s.T(until),
-		endpointID, s.T(since), s.T(until),
-		endpointID, endpointID, endpointID).Scan(&h.Attempts, &h.Failed, &h.Backlog, &h.DeadLetters, &failing)
+    (SELECT failing_since FROM txhook_endpoints WHERE id = ?)`), args...).Scan(&h.Attempts, &h.Failed, &h.Backlog, &h.DeadLetters, &failing)
 	if err != nil {
 		return HealthStats{}, err
 	}
@@ -122,7 +122,27 @@ SELECT * FROM (
     SELECT id AS delivery_id, endpoint_id, 1 AS attempt, ok_started_at AS started_at, ok_duration_us AS duration_us,
            last_status AS status, COALESCE(ok_excerpt, '') AS response_excerpt, '' AS error, 0 AS id
     FROM txhook_deliveries WHERE endpoint_id = ? AND ok_started_at IS NOT NULL ` + extraInline + `
-    ORDER BY ok_started_at DESC LIMIT ?) rd`
+    ORDER BY created_at DESC, id DESC LIMIT ?) rd`
+}
+
+// The first attempts kept in delivery rows are read through the
+// endpoint's deliveries by created_at (txhook_deliveries_endpoint_log),
+// within InlineSlack of their start: inlineWindow is the condition on a
+// delivery row that its inline attempt started in [?, ?), and
+// inlineWindowArgs its arguments.
+const inlineWindow = `AND created_at >= ? AND created_at < ? AND ok_started_at >= ? AND ok_started_at < ?`
+
+func (s *Store) inlineWindowArgs(since, until time.Time) []any {
+	return []any{s.T(since.Add(-InlineSlack)), s.T(until.Add(InlineSlack)), s.T(since), s.T(until)}
+}
+
+// countAttempts is the number of attempts of endpoint ? started in [?, ?),
+// from both parts of the attempt log, each through its endpoint's index.
+const countAttempts = `(SELECT count(*) FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?) +
+    (SELECT count(*) FROM txhook_deliveries WHERE endpoint_id = ? AND ok_started_at IS NOT NULL ` + inlineWindow + `)`
+
+func (s *Store) countAttemptsArgs(endpointID string, since, until time.Time) []any {
+	return append([]any{endpointID, s.T(since), s.T(until), endpointID}, s.inlineWindowArgs(since, until)...)
 }
 
 func (s *Store) oneAttempt(ctx context.Context, query string, args ...any) (*AttemptRow, error) {
@@ -142,10 +162,10 @@ func (s *Store) oneAttempt(ctx context.Context, query string, args ...any) (*Att
 func (s *Store) latency(ctx context.Context, h *HealthStats, endpointID string, since, until time.Time) error {
 	sample := `SELECT duration_us FROM (` + recentAttempts(
 		`AND started_at >= ? AND started_at < ? AND duration_us > 0`,
-		`AND ok_started_at >= ? AND ok_started_at < ? AND ok_duration_us > 0`) + `) r
+		inlineWindow+` AND ok_duration_us > 0`) + `) r
 ORDER BY started_at DESC LIMIT ?`
-	args := []any{endpointID, s.T(since), s.T(until), HealthLatencySample,
-		endpointID, s.T(since), s.T(until), HealthLatencySample, HealthLatencySample}
+	args := []any{endpointID, s.T(since), s.T(until), HealthLatencySample, endpointID}
+	args = append(append(args, s.inlineWindowArgs(since, until)...), HealthLatencySample, HealthLatencySample)
 	if s.Dialect == Postgres {
 		var p50, p95 sql.NullFloat64
 		err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT count(*),

@@ -20,13 +20,16 @@ func TestFirstSuccessWritesNoAttemptRow(t *testing.T) {
 		now := time.Now().UTC().Truncate(time.Millisecond)
 		first := running(t, st, "relay-1", "inline", now)  // succeeds at its first attempt
 		second := running(t, st, "relay-1", "inline", now) // fails, then succeeds
-		ok := store.AttemptRecord{Attempt: 1, StartedAt: now.Add(time.Second), Duration: 7 * time.Millisecond, Status: 204, Excerpt: "thanks"}
+		late := running(t, st, "relay-1", "inline", now)   // succeeds at its first attempt, an hour after it was created
+		ok := store.AttemptRecord{Attempt: 1, StartedAt: now.Add(500 * time.Millisecond), Duration: 7 * time.Millisecond, Status: 204, Excerpt: "thanks"}
+		delayed := store.AttemptRecord{Attempt: 1, StartedAt: now.Add(time.Hour), Duration: 7 * time.Millisecond, Status: 200}
 		fail := store.AttemptRecord{Attempt: 1, StartedAt: now.Add(2 * time.Second), Duration: 3 * time.Millisecond, Status: 500, Error: "HTTP 500"}
 		res, err := st.Complete(ctx, "relay-1", now, []store.Completion{
-			{ID: first, Attempt: 1, State: store.StateSucceeded, Attempts: 1, Record: true, Status: 204, Records: []store.AttemptRecord{ok}},
-			{ID: second, Attempt: 1, State: store.StatePending, Attempts: 1, NextAt: now, Record: true, Status: 500, Error: "HTTP 500", Records: []store.AttemptRecord{fail}},
+			{ID: first, Attempt: 1, CreatedAt: now, State: store.StateSucceeded, Attempts: 1, Record: true, Status: 204, Records: []store.AttemptRecord{ok}},
+			{ID: second, Attempt: 1, CreatedAt: now, State: store.StatePending, Attempts: 1, NextAt: now, Record: true, Status: 500, Error: "HTTP 500", Records: []store.AttemptRecord{fail}},
+			{ID: late, Attempt: 1, CreatedAt: now, State: store.StateSucceeded, Attempts: 1, Record: true, Status: 200, Records: []store.AttemptRecord{delayed}},
 		})
-		if err != nil || len(res.Applied) != 2 {
+		if err != nil || len(res.Applied) != 3 {
 			t.Fatalf("complete: %+v, %v", res, err)
 		}
 		if n := count(t, st, `SELECT count(*) FROM txhook_attempts WHERE delivery_id = ?`, first); n != 0 {
@@ -34,6 +37,18 @@ func TestFirstSuccessWritesNoAttemptRow(t *testing.T) {
 		}
 		if n := count(t, st, `SELECT count(*) FROM txhook_attempts WHERE delivery_id = ?`, second); n != 1 {
 			t.Fatalf("a failed attempt wrote %d attempt rows, want 1", n)
+		}
+		// Started more than InlineSlack after its delivery was created: a
+		// row, so that the attempt log by start time, which finds inline
+		// attempts by their deliveries' created_at, still finds it.
+		if n := count(t, st, `SELECT count(*) FROM txhook_attempts WHERE delivery_id = ?`, late); n != 1 {
+			t.Fatalf("a first success an hour after its delivery was created wrote %d attempt rows, want 1", n)
+		}
+		if _, err := st.DB.ExecContext(ctx, st.Rebind(`DELETE FROM txhook_attempts WHERE delivery_id = ?`), late); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.DB.ExecContext(ctx, st.Rebind(`DELETE FROM txhook_deliveries WHERE id = ?`), late); err != nil {
+			t.Fatal(err)
 		}
 		// The second delivery's retry succeeds: a row too (not a first attempt).
 		if _, err := st.DB.ExecContext(ctx, st.Rebind(`UPDATE txhook_deliveries SET state = 'running', attempts = 2, lease_owner = 'relay-1' WHERE id = ?`), second); err != nil {
@@ -85,7 +100,7 @@ func TestFirstSuccessWritesNoAttemptRow(t *testing.T) {
 		}
 
 		// Pruning counts the inline attempt as an attempt pruned.
-		d, a, err := st.PruneFinished(ctx, now.Add(time.Hour), 10, &store.PruneCursor{})
+		d, a, _, err := st.PruneFinished(ctx, now.Add(time.Hour), 10, &store.PruneCursor{})
 		if err != nil || d != 2 || a != 3 {
 			t.Fatalf("prune: %d deliveries, %d attempts, %v; want 2, 3", d, a, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -54,15 +55,15 @@ const finishedBefore = `d.state IN ('succeeded', 'dead') AND d.updated_at < ?
 // of finish times would cost every delivery an entry (about 80 bytes of
 // WAL and its CPU, on the path every event takes). What the walk reads and
 // keeps (unfinished deliveries, dead letters kept) it reads once per walk.
-func (s *Store) PruneFinished(ctx context.Context, before time.Time, limit int, cur *PruneCursor) (deliveries, attempts int, err error) {
+func (s *Store) PruneFinished(ctx context.Context, before time.Time, limit int, cur *PruneCursor) (deliveries, attempts, events int, err error) {
 	if cur.Done {
-		return 0, 0, nil
+		return 0, 0, 0, nil
 	}
 	window := max(limit, 1) * pruneWindow
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT d.id, d.created_at < ?, `+finishedBefore+`
 FROM txhook_deliveries d WHERE d.id > ? ORDER BY d.id LIMIT ?`), s.T(before), s.T(before), cur.After, window)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	var ids []int64
 	seen, last, lastOld := 0, cur.After, false
@@ -71,7 +72,7 @@ FROM txhook_deliveries d WHERE d.id > ? ORDER BY d.id LIMIT ?`), s.T(before), s.
 		var old, done bool
 		if err := rows.Scan(&id, &old, &done); err != nil {
 			rows.Close()
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		seen, last, lastOld = seen+1, id, old
 		if done {
@@ -80,7 +81,7 @@ FROM txhook_deliveries d WHERE d.id > ? ORDER BY d.id LIMIT ?`), s.T(before), s.
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	// IDs follow creation but for the relays' clocks and the time an
 	// outcome takes to be written: past the first window that ends on a
@@ -89,31 +90,44 @@ FROM txhook_deliveries d WHERE d.id > ? ORDER BY d.id LIMIT ?`), s.T(before), s.
 	cur.After, cur.Done = last, seen < window || !lastOld
 	for len(ids) > 0 {
 		n := min(len(ids), limit)
-		d, a, err := s.pruneDeliveries(ctx, before, ids[:n])
-		deliveries, attempts = deliveries+d, attempts+a
+		d, a, e, err := s.pruneDeliveries(ctx, before, ids[:n])
+		deliveries, attempts, events = deliveries+d, attempts+a, events+e
 		if err != nil {
-			return deliveries, attempts, err
+			return deliveries, attempts, events, err
 		}
 		ids = ids[n:]
 	}
-	return deliveries, attempts, nil
+	return deliveries, attempts, events, nil
 }
 
 // pruneDeliveries deletes those of ids that may still be pruned at
-// before, with their attempts, in one transaction.
-func (s *Store) pruneDeliveries(ctx context.Context, before time.Time, ids []int64) (deliveries, attempts int, err error) {
+// before, with their attempts, and the events left with no delivery and no
+// dead letter, in one transaction.
+func (s *Store) pruneDeliveries(ctx context.Context, before time.Time, candidates []int64) (deliveries, attempts, events int, err error) {
 	err = s.Tx(ctx, func(q Querier) error {
+		deliveries, attempts, events = 0, 0, 0
 		lock := ""
 		if s.Dialect == Postgres {
 			lock = " FOR UPDATE SKIP LOCKED"
 		}
-		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT d.id FROM txhook_deliveries d
-WHERE `+s.idsIn("d.id")+` AND `+finishedBefore+` ORDER BY d.id`+lock), jsonIDs(ids), s.T(before))
+		rows, err := q.QueryContext(ctx, s.Rebind(`SELECT d.id, d.event_id FROM txhook_deliveries d
+WHERE `+s.idsIn("d.id")+` AND `+finishedBefore+` ORDER BY d.id`+lock), jsonIDs(candidates), s.T(before))
 		if err != nil {
 			return err
 		}
-		ids, err := scanIDs(rows)
-		if err != nil || len(ids) == 0 {
+		var ids []int64
+		var evs []string
+		for rows.Next() {
+			var id int64
+			var ev string
+			if err := rows.Scan(&id, &ev); err != nil {
+				rows.Close()
+				return err
+			}
+			ids, evs = append(ids, id), append(evs, ev)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(ids) == 0 {
 			return err
 		}
 		res, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_attempts WHERE `+s.idsIn("delivery_id")), jsonIDs(ids))
@@ -136,12 +150,24 @@ WHERE `+s.idsIn("d.id")+` AND `+finishedBefore+` ORDER BY d.id`+lock), jsonIDs(i
 		}
 		n, _ = res.RowsAffected()
 		deliveries = int(n)
+		// An event goes with the last of its deliveries. Its dispatch is
+		// no later than that delivery's last update, so it is past the
+		// cut too; the condition says so anyway.
+		res, err = q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_events
+WHERE `+s.textIn("id")+` AND dispatched_at IS NOT NULL AND dispatched_at < ?
+  AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = txhook_events.id)
+  AND NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = txhook_events.id)`), jsonStrings(evs), s.T(before))
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		events = int(n)
 		return nil
 	})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return deliveries, attempts, nil
+	return deliveries, attempts, events, nil
 }
 
 // PruneDeadLetters deletes up to limit dead letters that failed before
@@ -150,12 +176,16 @@ func (s *Store) PruneDeadLetters(ctx context.Context, before time.Time, limit in
 	return s.PurgeDead(ctx, DeadFilter{Until: before}, limit)
 }
 
-// PruneEvents deletes up to limit events dispatched before `before` that
-// no delivery or dead letter refers to any more.
+// PruneEvents deletes up to limit unrouted events (dispatched with no
+// delivery, or left without one when their endpoint was deleted) dispatched
+// before `before` that no delivery or dead letter refers to. An event with
+// deliveries goes with the last of them (PruneFinished): the index of
+// unrouted events is all retention needs, where an index of every
+// event's dispatch time cost each delivery an entry.
 func (s *Store) PruneEvents(ctx context.Context, before time.Time, limit int) (int, error) {
 	res, err := s.DB.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_events WHERE id IN (
     SELECT e.id FROM txhook_events e
-    WHERE e.dispatched_at IS NOT NULL AND e.dispatched_at < ?
+    WHERE e.unrouted AND e.dispatched_at < ?
       AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = e.id)
       AND NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = e.id)
     ORDER BY e.dispatched_at LIMIT ?)`), s.T(before), limit)
@@ -250,14 +280,18 @@ var pgRecordHealth = `WITH b AS (
 // pgRepairHealth recomputes the health of endpoints $1 (a JSON array of
 // IDs) from the attempt log: the latest failed attempt through the partial
 // index of failures; the latest success: the latest first attempt kept in
-// a delivery's row (one probe of txhook_deliveries_endpoint_ok; those are
-// all successes) and the latest success among at most $2 of the attempt
-// rows since the recorded one (NULL: all of them).
+// a delivery's row (those are all successes) among at most $2 of the
+// endpoint's deliveries created since the recorded one (an index-only walk
+// of txhook_deliveries_endpoint_log), and the latest success among at most
+// $2 of the attempt rows since the recorded one (NULL: all of them).
 var pgRepairHealth = `WITH locked AS MATERIALIZED (
     SELECT ep.id, ep.failing_since AS was,
            GREATEST(ep.last_success_at, (
-               SELECT max(d.ok_started_at) FROM txhook_deliveries d
-               WHERE d.endpoint_id = ep.id AND d.ok_started_at IS NOT NULL), (
+               SELECT max(x.ok_started_at) FROM (
+                   SELECT d.ok_started_at FROM txhook_deliveries d
+                   WHERE d.endpoint_id = ep.id
+                     AND d.created_at > COALESCE(ep.last_success_at, '-infinity') - interval '1 second'
+                   ORDER BY d.created_at DESC, d.id DESC LIMIT $2) x), (
                SELECT max(x.started_at) FROM (
                    SELECT a.started_at, a.error FROM txhook_attempts a
                    WHERE a.endpoint_id = ep.id AND a.started_at > COALESCE(ep.last_success_at, '-infinity')
@@ -403,8 +437,11 @@ func (s *Store) repairHealth(ctx context.Context, q Querier, ids []string, scan 
 	}
 	if _, err := q.ExecContext(ctx, `UPDATE txhook_endpoints
 SET last_success_at = `+s.greatest(s.greatest("last_success_at", `(
-        SELECT max(d.ok_started_at) FROM txhook_deliveries d
-        WHERE d.endpoint_id = txhook_endpoints.id AND d.ok_started_at IS NOT NULL)`), `(
+        SELECT max(x.ok_started_at) FROM (
+            SELECT d.ok_started_at FROM txhook_deliveries d
+            WHERE d.endpoint_id = txhook_endpoints.id
+              AND (txhook_endpoints.last_success_at IS NULL OR d.created_at > txhook_endpoints.last_success_at - `+strconv.FormatInt(InlineSlack.Microseconds(), 10)+`)
+            ORDER BY d.created_at DESC, d.id DESC LIMIT ?2) x)`), `(
         SELECT max(x.started_at) FROM (
             SELECT a.started_at, a.error FROM txhook_attempts a
             WHERE a.endpoint_id = txhook_endpoints.id
@@ -560,9 +597,11 @@ func (s *Store) DisableGone(ctx context.Context, id string, goneAt, now time.Tim
 		disabled = false
 		err := q.QueryRowContext(ctx, s.Rebind(`UPDATE txhook_endpoints SET enabled = FALSE, disabled_reason = ?, updated_at = ?
 WHERE id = ? AND enabled AND (last_success_at IS NULL OR last_success_at < ?)
-  AND NOT EXISTS (SELECT 1 FROM txhook_attempt_log a
+  AND NOT EXISTS (SELECT 1 FROM txhook_attempts a
                   WHERE a.endpoint_id = txhook_endpoints.id AND a.error = '' AND a.started_at > ?)
-RETURNING tenant`), reason, s.T(now), id, s.T(goneAt), s.T(goneAt)).Scan(&tenant)
+  AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d
+                  WHERE d.endpoint_id = txhook_endpoints.id AND d.created_at > ? AND d.ok_started_at > ?)
+RETURNING tenant`), reason, s.T(now), id, s.T(goneAt), s.T(goneAt), s.T(goneAt.Add(-InlineSlack)), s.T(goneAt)).Scan(&tenant)
 		if err == sql.ErrNoRows {
 			return nil
 		}

@@ -59,19 +59,23 @@ VALUES (?, ?, 'ep_m', 'm', 't', 1, ?)`), id, ev, st.T(updated)); err != nil {
 		kept += len(newer)
 
 		var cur store.PruneCursor
-		deliveries, attempts, calls := 0, 0, 0
+		deliveries, attempts, events, calls := 0, 0, 0, 0
 		for !cur.Done {
-			d, a, err := st.PruneFinished(ctx, cut, 3, &cur)
+			d, a, e, err := st.PruneFinished(ctx, cut, 3, &cur)
 			if err != nil {
 				t.Fatal(err)
 			}
-			deliveries, attempts, calls = deliveries+d, attempts+a, calls+1
+			deliveries, attempts, events, calls = deliveries+d, attempts+a, events+e, calls+1
 			if calls > 100 {
 				t.Fatal("the walk does not end")
 			}
 		}
-		if deliveries != prunable || attempts != prunable {
-			t.Fatalf("pruned %d deliveries, %d attempts; want %d of each (the inline first attempts)", deliveries, attempts, prunable)
+		if deliveries != prunable || attempts != prunable || events != prunable {
+			t.Fatalf("pruned %d deliveries, %d attempts, %d events; want %d of each (the inline first attempts, the events with them)",
+				deliveries, attempts, events, prunable)
+		}
+		if n := count(t, st, `SELECT count(*) FROM txhook_events`); n != kept {
+			t.Fatalf("%d events left, want %d (one per delivery kept)", n, kept)
 		}
 		if n := count(t, st, `SELECT count(*) FROM txhook_deliveries`); n != kept {
 			t.Fatalf("%d deliveries left, want %d", n, kept)
@@ -82,7 +86,7 @@ VALUES (?, ?, 'ep_m', 'm', 't', 1, ?)`), id, ev, st.T(updated)); err != nil {
 		}
 		again := store.PruneCursor{}
 		for !again.Done {
-			if d, _, err := st.PruneFinished(ctx, cut, 3, &again); err != nil || d != 0 {
+			if d, _, _, err := st.PruneFinished(ctx, cut, 3, &again); err != nil || d != 0 {
 				t.Fatalf("second walk pruned %d (%v)", d, err)
 			}
 		}
@@ -90,7 +94,7 @@ VALUES (?, ?, 'ep_m', 'm', 't', 1, ?)`), id, ev, st.T(updated)); err != nil {
 		var next store.PruneCursor
 		total := 0
 		for !next.Done {
-			d, _, err := st.PruneFinished(ctx, cut.Add(48*time.Hour), 1000, &next)
+			d, _, _, err := st.PruneFinished(ctx, cut.Add(48*time.Hour), 1000, &next)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,6 +102,46 @@ VALUES (?, ?, 'ep_m', 'm', 't', 1, ?)`), id, ev, st.T(updated)); err != nil {
 		}
 		if want := 4 + len(newer); total != want {
 			t.Fatalf("later walk pruned %d, want %d", total, want)
+		}
+	})
+}
+
+// An event with no delivery is found by retention only if it is marked
+// unrouted (dispatched to no endpoint): PruneEvents deletes those past the
+// cut, and leaves undispatched events and events with deliveries to
+// PruneFinished.
+func TestPruneEventsTakesUnroutedOnes(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		ctx := context.Background()
+		st := openStore(t, db)
+		cut := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+		ins := func(id string, dispatched time.Time, unrouted bool) {
+			t.Helper()
+			var u any
+			if unrouted {
+				u = true
+			}
+			var at any
+			if !dispatched.IsZero() {
+				at = st.T(dispatched)
+			}
+			if _, err := st.DB.ExecContext(ctx, st.Rebind(`INSERT INTO txhook_events (id, tenant, type, payload, created_at, dispatched_at, unrouted)
+VALUES (?, 'm', 't', '{}', ?, ?, ?)`), id, st.T(cut.Add(-72*time.Hour)), at, u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ins("evt_old_unrouted", cut.Add(-48*time.Hour), true)
+		ins("evt_new_unrouted", cut.Add(time.Hour), true)
+		ins("evt_undispatched", time.Time{}, false)
+		n, err := st.PruneEvents(ctx, cut, 10)
+		if err != nil || n != 1 {
+			t.Fatalf("PruneEvents = %d, %v; want 1", n, err)
+		}
+		if got := count(t, st, `SELECT count(*) FROM txhook_events WHERE id = 'evt_old_unrouted'`); got != 0 {
+			t.Fatal("the old unrouted event is still there")
+		}
+		if got := count(t, st, `SELECT count(*) FROM txhook_events`); got != 2 {
+			t.Fatalf("%d events left, want 2", got)
 		}
 	})
 }

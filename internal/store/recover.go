@@ -18,16 +18,15 @@ type RecoverEvent struct {
 	CreatedAt   time.Time
 }
 
-// RecoverCursor is a position in the (created_at, id) order of events.
-type RecoverCursor struct {
-	CreatedAt time.Time
-	ID        string
-}
-
 // recoverClockSlack bounds how much earlier than its creation time an
-// event's dispatch time can read (relays' and enqueuers' clocks differ),
-// so that the index of dispatch times can narrow the scan.
+// event's dispatch time (or its deliveries' creation time) can read
+// (relays' and enqueuers' clocks differ), so that the scan can start
+// before since.
 const recoverClockSlack = time.Hour
+
+// RecoverSlack is how long before since a recovery starts looking for the
+// events dispatched at or after since.
+const RecoverSlack = recoverClockSlack
 
 // unreceived is the condition that event e has no delivery to endpoint ep
 // that succeeded or is unfinished.
@@ -35,37 +34,75 @@ const unreceived = `NOT EXISTS (SELECT 1 FROM txhook_deliveries d
     WHERE d.event_id = e.id AND d.endpoint_id = ep.id
       AND d.state IN ('succeeded', 'pending', 'running', 'paused', 'blocked'))`
 
-// RecoverCandidates returns up to limit events after cursor, in (created_at,
-// id) order, that endpoint endpointID would be sent by Recover: events of
-// its tenant that a relay has dispatched, of a type it subscribes to, with
-// no delivery to it that succeeded or is unfinished. Undispatched events
-// are left to the relays. The scan reads the outbox's events dispatched
-// since the cursor, of every tenant.
-func (s *Store) RecoverCandidates(ctx context.Context, endpointID string, after RecoverCursor, limit int) ([]RecoverEvent, error) {
+// RecoverCandidates returns, in (created_at, id) order, up to limit events
+// that endpoint endpointID would be sent by Recover among those
+// dispatched in [from, to): events of its tenant created at or after
+// since, that a relay has dispatched, of a type it subscribes to, with no
+// delivery to it that succeeded or is unfinished. Undispatched events are
+// left to the relays. more reports that the window held more than limit,
+// and the caller should ask again for a shorter one.
+//
+// There is no index of events by time: an event's dispatch is found
+// through its tenant's deliveries by creation time (every endpoint's,
+// txhook_deliveries_endpoint_log) and, for an event with no delivery at
+// all, through txhook_events_unrouted. An event with deliveries created at
+// different times comes up in more than one window; Recover checks again
+// before it queues anything. The deliveries of one ordering key are
+// created in the key's order, so windows taken in time order keep it.
+func (s *Store) RecoverCandidates(ctx context.Context, endpointID string, since, from, to time.Time, limit int) (out []RecoverEvent, more bool, err error) {
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT e.id, e.ordering_key, e.created_at
 FROM txhook_events e JOIN txhook_endpoints ep ON ep.id = ? AND ep.tenant = e.tenant
-WHERE e.dispatched_at IS NOT NULL AND e.dispatched_at >= ?
-  AND (e.created_at > ? OR (e.created_at = ? AND e.id > ?))
+WHERE e.id IN (
+    SELECT d.event_id FROM txhook_deliveries d
+    WHERE d.endpoint_id IN (SELECT o.id FROM txhook_endpoints o
+                            WHERE o.tenant = (SELECT x.tenant FROM txhook_endpoints x WHERE x.id = ?))
+      AND d.created_at >= ? AND d.created_at < ?
+    UNION
+    SELECT u.id FROM txhook_events u WHERE u.unrouted AND u.dispatched_at >= ? AND u.dispatched_at < ?)
+  AND e.dispatched_at IS NOT NULL AND e.created_at >= ?
   AND `+s.subscribed("e.type")+`
   AND `+unreceived+`
 ORDER BY e.created_at, e.id
-LIMIT ?`), endpointID, s.T(after.CreatedAt.Add(-recoverClockSlack)), s.T(after.CreatedAt), s.T(after.CreatedAt), after.ID, limit)
+LIMIT ?`), endpointID, endpointID, s.T(from), s.T(to), s.T(from), s.T(to), s.T(since), limit+1)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer rows.Close()
-	var out []RecoverEvent
 	for rows.Next() {
 		var e RecoverEvent
 		var key sql.NullString
 		var t Time
 		if err := rows.Scan(&e.ID, &key, &t); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		e.OrderingKey, e.CreatedAt = key.String, t.Time
 		out = append(out, e)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, false, err
+	}
+	if len(out) > limit {
+		return out[:limit], true, nil
+	}
+	return out, false, nil
+}
+
+// RecoverNext returns the earliest time at or after from at which an event
+// of endpoint endpointID's tenant was dispatched, as RecoverCandidates
+// sees dispatch times; ok is false when there is none. Each part is one
+// probe of an index, so a recovery skips over quiet stretches at once.
+func (s *Store) RecoverNext(ctx context.Context, endpointID string, from time.Time) (at time.Time, ok bool, err error) {
+	var t Time
+	err = s.DB.QueryRowContext(ctx, s.Rebind(`SELECT min(t) FROM (
+    SELECT (SELECT min(d.created_at) FROM txhook_deliveries d WHERE d.endpoint_id = o.id AND d.created_at >= ?) AS t
+    FROM txhook_endpoints o WHERE o.tenant = (SELECT x.tenant FROM txhook_endpoints x WHERE x.id = ?)
+    UNION ALL
+    SELECT min(u.dispatched_at) FROM txhook_events u WHERE u.unrouted AND u.dispatched_at >= ?
+) n`), s.T(from), endpointID, s.T(from)).Scan(&t)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return t.Time, !t.Time.IsZero(), nil
 }
 
 // Recover queues a fresh delivery of each of events (in created order, as

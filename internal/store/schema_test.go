@@ -321,8 +321,12 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		},
 		"DisableGone":        func() error { _, _, err := s.DisableGone(ctx, ep.ID, now, now, "gone"); return err },
 		"SetEndpointEnabled": func() error { return s.SetEndpointEnabled(ctx, ep.ID, true, "", now) },
+		"RecoverNext": func() error {
+			_, _, err := s.RecoverNext(ctx, ep.ID, now.Add(-time.Hour))
+			return err
+		},
 		"RecoverCandidates": func() error {
-			_, err := s.RecoverCandidates(ctx, ep.ID, store.RecoverCursor{}, 10)
+			_, _, err := s.RecoverCandidates(ctx, ep.ID, now.Add(-time.Hour), now.Add(-time.Hour), now.Add(time.Hour), 10)
 			return err
 		},
 		"Recover": func() error {
@@ -330,7 +334,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"PruneFinished": func() error {
-			_, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10, &store.PruneCursor{})
+			_, _, _, err := s.PruneFinished(ctx, now.Add(time.Hour), 10, &store.PruneCursor{})
 			return err
 		},
 		"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
@@ -378,7 +382,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"Complete", "Attempts", "AttemptsOfDeliveries", "Delivery", "DeliveriesOfEvent", "DeliveriesOfEndpoint", "EndpointHealth",
 		"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
 		"RecordAttemptTimes", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
-		"RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
+		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))

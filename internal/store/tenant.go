@@ -104,8 +104,13 @@ WHERE `+where+` ORDER BY d.created_at DESC, d.id DESC LIMIT ?`), args...)
 // txhook_attempts and the first attempts that succeeded, kept in their
 // delivery rows since migration 008).
 func (s *Store) EachAttemptOf(ctx context.Context, endpointID string, since, until time.Time, fn func(at time.Time, d time.Duration, status int)) error {
-	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT started_at, duration_us, status FROM txhook_attempt_log
-WHERE endpoint_id = ? AND started_at >= ? AND started_at < ? ORDER BY started_at`), endpointID, s.T(since), s.T(until))
+	args := append([]any{endpointID, s.T(since), s.T(until), endpointID}, s.inlineWindowArgs(since, until)...)
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT started_at, duration_us, status FROM (
+    SELECT started_at, duration_us, status FROM txhook_attempts WHERE endpoint_id = ? AND started_at >= ? AND started_at < ?
+    UNION ALL
+    SELECT ok_started_at, ok_duration_us, last_status FROM txhook_deliveries
+    WHERE endpoint_id = ? AND ok_started_at IS NOT NULL `+inlineWindow+`) a
+ORDER BY started_at`), args...)
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,35 @@
 -- after it is created; see store.PruneFinished), reading what it keeps
 -- once per walk.
 --
+-- txhook_deliveries_endpoint_log (endpoint_id, created_at) INCLUDE
+-- (ok_started_at) replaces both txhook_deliveries_endpoint_created
+-- (endpoint_id, created_at, id), for an endpoint's deliveries newest first
+-- (deliveries created in the same microsecond are put in ID order by a
+-- sort of those few), and
+-- txhook_deliveries_endpoint_ok (endpoint_id, ok_started_at): one entry
+-- per delivery instead of two. A first attempt is kept in its delivery's
+-- row only when it started within a second of the row's created_at (a
+-- first attempt claimed with its event writes its row with created_at =
+-- the attempt's start), so the endpoint's attempt log by start time is
+-- found through created_at; a first success that waited longer (a delayed
+-- event, a delivery given back to wait for its endpoint) is an attempt
+-- row, as every later attempt is. For deliveries written before this
+-- version the reads by start time are off by how long their first attempt
+-- waited, usually milliseconds; they age out with retention. On a large,
+-- busy outbox, create the new index first with CREATE INDEX CONCURRENTLY
+-- (same name and definition).
+--
+-- txhook_events_dispatched (dispatched_at) indexed every dispatched
+-- event, again one entry per event on the path every event takes, for
+-- retention and Outbox.Recover. An event now goes with the last of its
+-- deliveries (store.PruneFinished); events with no delivery are marked
+-- unrouted (when dispatched with none, or when deleting their endpoint
+-- left them with none) and the partial index txhook_events_unrouted holds
+-- those only. Recover finds an endpoint's missed events through its
+-- tenant's deliveries and the unrouted events, by time. The UPDATE below
+-- marks the events dispatched so far that have no delivery and no dead
+-- letter: on a large outbox it reads every dispatched event once.
+--
 -- Fill factor 90 on txhook_deliveries (was 50 since version 8): a
 -- delivery is written once, with its outcome, and updated only when its
 -- first attempt failed; half-empty pages were room for an update every row
@@ -39,12 +68,33 @@ ALTER TABLE txhook_events
     ADD COLUMN IF NOT EXISTS lease_owner text,
     ADD COLUMN IF NOT EXISTS lease_until timestamptz;
 DROP INDEX IF EXISTS txhook_deliveries_finished;
+CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_log
+    ON txhook_deliveries (endpoint_id, created_at) INCLUDE (ok_started_at);
+DROP INDEX IF EXISTS txhook_deliveries_endpoint_created;
+DROP INDEX IF EXISTS txhook_deliveries_endpoint_ok;
 ALTER TABLE txhook_deliveries SET (fillfactor = 90);
+ALTER TABLE txhook_events ADD COLUMN IF NOT EXISTS unrouted boolean;
+UPDATE txhook_events e SET unrouted = true
+WHERE e.dispatched_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = e.id)
+  AND NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = e.id);
+CREATE INDEX IF NOT EXISTS txhook_events_unrouted ON txhook_events (dispatched_at) WHERE unrouted;
+DROP INDEX IF EXISTS txhook_events_dispatched;
 
 INSERT INTO txhook_migrations (version, name) VALUES (9, '009_event_leases');
 
 -- +goose Down
+CREATE INDEX IF NOT EXISTS txhook_events_dispatched ON txhook_events (dispatched_at)
+    WHERE dispatched_at IS NOT NULL;
+DROP INDEX IF EXISTS txhook_events_unrouted;
+ALTER TABLE txhook_events DROP COLUMN IF EXISTS unrouted;
 ALTER TABLE txhook_deliveries SET (fillfactor = 50);
+CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_created
+    ON txhook_deliveries (endpoint_id, created_at, id);
+CREATE INDEX IF NOT EXISTS txhook_deliveries_endpoint_ok
+    ON txhook_deliveries (endpoint_id, ok_started_at)
+    WHERE ok_started_at IS NOT NULL;
+DROP INDEX IF EXISTS txhook_deliveries_endpoint_log;
 CREATE INDEX IF NOT EXISTS txhook_deliveries_finished ON txhook_deliveries (updated_at)
     WHERE state IN ('succeeded', 'dead');
 ALTER TABLE txhook_events
