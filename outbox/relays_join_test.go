@@ -313,6 +313,10 @@ func TestRelaysJoinAndLeaveUnderLoad(t *testing.T) {
 			if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'running' AND lease_owner = 'relay-b'"); n != 0 {
 				t.Errorf("%d deliveries still leased to relay-b after its graceful exit", n)
 			}
+			// Nor a new event's first attempts, leased on the event's row.
+			if n := b.count("SELECT count(*) FROM txhook_events WHERE dispatched_at IS NULL AND lease_owner = 'relay-b'"); n != 0 {
+				t.Errorf("%d events still leased to relay-b after its graceful exit", n)
+			}
 			t.Logf("relay-b stopped gracefully with %d requests in flight, %d events enqueued so far", len(l.heldIDs(gb)), load.count())
 
 			// relay-d joins under load.

@@ -66,7 +66,11 @@ func (c Claimed) Completion(claimedAt time.Time, last bool) Completion {
 }
 
 // The columns every claim returns, in scanClaimed's order, after the
-// delivery's id, attempt and previous state.
+// delivery's id, attempt and previous state. On PostgreSQL a claim carries
+// an endpoint's columns only on its first row of the batch (the column
+// "first"; the endpoint's secrets, versions and headers are JSON the
+// database renders as text for every row that carries them), and the
+// scan copies them to the endpoint's other rows.
 const (
 	claimEventCols    = `e.tenant, e.type, e.version, e.payload, e.created_at, e.trace_parent, e.trace_state`
 	claimEndpointCols = `ep.url, ep.secrets, ep.enabled, ep.rate_limit, ep.rate_burst, ep.max_in_flight, ep.versions, ep.headers, ep.client_cert, ep.client_key`
@@ -117,10 +121,11 @@ const pgClaim = `WITH due AS (
     RETURNING d.id, d.attempts, due.state AS prev_state, d.event_id, d.endpoint_id, d.ordering_key, d.created_at AS row_created
 )
 SELECT c.id, c.attempts, c.prev_state, c.event_id, ` + claimEventCols + `,
-       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `, NULL::timestamptz, c.row_created
-FROM claimed c
+       c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `, NULL::timestamptz, c.row_created, c.first
+FROM (SELECT claimed.*, row_number() OVER (PARTITION BY endpoint_id ORDER BY id) = 1 AS first FROM claimed) c
 JOIN txhook_events e ON e.id = c.event_id AND e.id = ANY (ARRAY(SELECT event_id FROM claimed))
-LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id`
+LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id AND c.first
+ORDER BY c.id`
 
 // sqliteNow is SQLite's clock in the unit SQLite times are stored in,
 // integer microseconds since the epoch. julianday('now') (millisecond
@@ -168,7 +173,8 @@ func (s *Store) subscribed(typ string) string {
 // The lease is on the event's row (lease_owner, lease_until): no delivery
 // row is written until the attempt's outcome is known, and then once, with
 // the outcome (pgCompleteFresh), which also marks the event dispatched with
-// the last of its deliveries. Taking the lease changes no indexed column,
+// the last of its deliveries. The endpoints are looked up once per tenant
+// and type in the batch. Taking the lease changes no indexed column,
 // so it is a HOT update (no index entry, a few dozen bytes of WAL), and
 // a first attempt that succeeds writes one delivery row instead of
 // inserting it running and updating it, each time in every index.
@@ -193,40 +199,49 @@ var pgDispatch = `WITH ev AS (
     ORDER BY created_at
     LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
-), xs AS MATERIALIZED (
-    SELECT ev.id, ev.later, ev.lapsed, ARRAY(
+), tt AS MATERIALIZED (
+    SELECT t.tenant, t.type, ARRAY(
         SELECT ep.id FROM txhook_endpoints ep
-        WHERE ep.tenant = ev.tenant AND ep.enabled AND ` + (&Store{Dialect: Postgres}).subscribed("ev.type") + `
-          AND (NOT ev.lapsed OR NOT EXISTS (
-            SELECT 1 FROM txhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = ep.id))
+        WHERE ep.tenant = t.tenant AND ep.enabled AND ` + (&Store{Dialect: Postgres}).subscribed("t.type") + `
         ORDER BY ep.id) AS eps
-    FROM ev
-), x AS (
-    SELECT xs.*, cardinality(xs.eps) = 0 AND (NOT xs.lapsed OR NOT EXISTS (
-        SELECT 1 FROM txhook_deliveries d WHERE d.event_id = xs.id)) AS unrouted
+    FROM (SELECT DISTINCT tenant, type FROM ev) t
+), xs AS MATERIALIZED (
+    SELECT ev.id, ev.later, ev.lapsed, CASE WHEN NOT ev.lapsed THEN tt.eps ELSE ARRAY(
+        SELECT u.ep FROM unnest(tt.eps) AS u(ep)
+        WHERE NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = ev.id AND d.endpoint_id = u.ep)
+        ORDER BY u.ep) END AS eps
+    FROM ev JOIN tt ON tt.tenant = ev.tenant AND tt.type = ev.type
+), x AS MATERIALIZED (
+    SELECT xs.*, xs.later OR cardinality(xs.eps) = 0 AS done,
+           cardinality(xs.eps) = 0 AND (NOT xs.lapsed OR NOT EXISTS (
+               SELECT 1 FROM txhook_deliveries d WHERE d.event_id = xs.id)) AS unrouted
     FROM xs
+), xa AS (
+    SELECT ARRAY(SELECT id FROM x WHERE done) AS done, ARRAY(SELECT id FROM x WHERE unrouted) AS unrouted
 ), e AS (
     UPDATE txhook_events e
-    SET lease_owner = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN NULL ELSE $2 END,
-        lease_until = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN NULL ELSE ` + pgLeaseUntil3 + ` END,
-        dispatched_at = CASE WHEN x.later OR cardinality(x.eps) = 0 THEN $1::timestamptz END,
-        unrouted = CASE WHEN x.unrouted THEN true END
-    FROM x
-    WHERE e.id = x.id AND e.id = ANY (ARRAY(SELECT id FROM ev))
-    RETURNING e.id, ` + claimEventCols + `, e.deliver_at, e.lease_until, x.later, x.lapsed, x.eps
+    SET lease_owner = CASE WHEN e.id = ANY ((SELECT done FROM xa)::text[]) THEN NULL ELSE $2 END,
+        lease_until = CASE WHEN e.id = ANY ((SELECT done FROM xa)::text[]) THEN NULL ELSE ` + pgLeaseUntil3 + ` END,
+        dispatched_at = CASE WHEN e.id = ANY ((SELECT done FROM xa)::text[]) THEN $1::timestamptz END,
+        unrouted = CASE WHEN e.id = ANY ((SELECT unrouted FROM xa)::text[]) THEN true END
+    WHERE e.id = ANY (ARRAY(SELECT id FROM ev))
+    RETURNING e.id, ` + claimEventCols + `, e.deliver_at, e.lease_until
+), ex AS (
+    SELECT e.*, x.later, x.lapsed, x.eps FROM e JOIN x ON x.id = e.id
 ), ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
     SELECT e.id, u.ep, 'pending', 0, e.deliver_at, $1, $1
-    FROM e CROSS JOIN LATERAL unnest(e.eps) AS u(ep)
+    FROM ex e CROSS JOIN LATERAL unnest(e.eps) AS u(ep)
     WHERE e.later
 )
 SELECT 0, CASE WHEN e.lapsed THEN 2 ELSE 1 END, CASE WHEN e.lapsed THEN 'running' ELSE 'pending' END, e.id, ` + claimEventCols + `,
-       u.ep, NULL, ` + claimEndpointCols + `, e.lease_until
-FROM e
-CROSS JOIN LATERAL unnest(e.eps) AS u(ep)
-JOIN txhook_endpoints ep ON ep.id = u.ep
-WHERE NOT e.later
-ORDER BY e.created_at, e.id, u.ep`
+       e.ep, NULL, ` + claimEndpointCols + `, e.lease_until, NULL::timestamptz, e.first
+FROM (
+    SELECT e.*, u.ep, row_number() OVER (PARTITION BY u.ep ORDER BY e.created_at, e.id) = 1 AS first
+    FROM ex e CROSS JOIN LATERAL unnest(e.eps) AS u(ep)
+    WHERE NOT e.later) e
+LEFT JOIN txhook_endpoints ep ON ep.id = e.ep AND e.first
+ORDER BY e.created_at, e.id, e.ep`
 
 const sqliteDispatchSelect = `SELECT id, tenant, type, version, payload, created_at, trace_parent, trace_state, deliver_at FROM txhook_events
 WHERE dispatched_at IS NULL AND ordering_key IS NULL
@@ -746,6 +761,7 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		return nil, err
 	}
 	out := make([]Claimed, 0, min(limit, 64))
+	var eps map[string]*Claimed // the row of the batch that carries each endpoint's columns
 	for rows.Next() {
 		var c Claimed
 		var prev string
@@ -754,11 +770,14 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		dest := append([]any{&c.ID, &c.Attempt, &prev, &c.EventID, &c.Tenant, &c.Type, &c.Version, &c.Payload, &et,
 			(*nullString)(&c.TraceParent), (*nullString)(&c.TraceState), &c.EndpointID, &key}, endpointDest(&c)...)
 		var created Time
+		first := true
 		switch len(cols) - len(dest) {
 		case 1:
 			dest = append(dest, &lease)
 		case 2:
 			dest = append(dest, &lease, &created)
+		case 3:
+			dest = append(dest, &lease, &created, &first)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
@@ -766,6 +785,15 @@ func scanClaimed(rows *sql.Rows, limit int) ([]Claimed, error) {
 		c.LeaseLapsed = prev == StateRunning
 		c.EventTime, c.Lease, c.CreatedAt = et.Time, lease.Time, created.Time
 		c.OrderingKey = key.String
+		if first {
+			if eps == nil {
+				eps = map[string]*Claimed{}
+			}
+			eps[c.EndpointID] = &c
+		} else if ep := eps[c.EndpointID]; ep != nil {
+			c.URL, c.Secrets, c.Enabled, c.RateLimit, c.RateBurst, c.MaxInFlight = ep.URL, ep.Secrets, ep.Enabled, ep.RateLimit, ep.RateBurst, ep.MaxInFlight
+			c.Versions, c.Headers, c.ClientCert, c.ClientKey = ep.Versions, ep.Headers, ep.ClientCert, ep.ClientKey
+		}
 		c.EndpointFound = c.URL != ""
 		out = append(out, c)
 	}

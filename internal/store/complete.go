@@ -86,12 +86,14 @@ const InlineSlack = time.Second
 
 // pgComplete applies a batch of completions in one statement, so the
 // delivery update, its attempt records and, for a final failure, the
-// dead-letter row commit together. A first attempt that succeeded is
+// dead-letter row commit together. Batches travel as json, not jsonb:
+// json_to_recordset reads the text once, where jsonb would first build its
+// binary form (about 1.5 µs a row more). A first attempt that succeeded is
 // written in the delivery's row (ok_started_at, ok_duration_us,
 // ok_excerpt; see InlineAttempt), not as an attempt row. Rows whose lease was taken over (the
 // fencing condition fails) are left alone and their records dropped.
 const pgComplete = `WITH c AS (
-    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(id bigint, attempt int, state text, attempts int,
+    SELECT * FROM json_to_recordset($1::json) AS x(id bigint, attempt int, state text, attempts int,
         next_at timestamptz, record boolean, status int, error text,
         ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text)
 ), upd AS (
@@ -112,7 +114,7 @@ const pgComplete = `WITH c AS (
     INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
     SELECT a.delivery_id, upd.endpoint_id, a.attempt, a.started_at, a.duration_us, a.status,
            COALESCE(a.excerpt, ''), COALESCE(a.error, '')
-    FROM jsonb_to_recordset($4::jsonb) AS a(delivery_id bigint, attempt int, started_at timestamptz,
+    FROM json_to_recordset($4::json) AS a(delivery_id bigint, attempt int, started_at timestamptz,
         duration_us bigint, status int, excerpt text, error text)
     JOIN upd ON upd.id = a.delivery_id
 ), dead AS (
@@ -474,7 +476,7 @@ func (s *Store) queryPrepared(ctx context.Context, query string, args ...any) (*
 // Completions whose event is no longer leased so (another relay took it
 // over) write nothing.
 const pgCompleteFresh = `WITH c AS (
-    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(event_id text, endpoint_id text, lease timestamptz, last boolean,
+    SELECT * FROM json_to_recordset($1::json) AS x(event_id text, endpoint_id text, lease timestamptz, last boolean,
         state text, attempts int, next_at timestamptz, record boolean, status int, error text,
         ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, created_at timestamptz)
 ), marked AS (
@@ -502,7 +504,7 @@ const pgCompleteFresh = `WITH c AS (
     INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
     SELECT ins.id, ins.endpoint_id, a.attempt, a.started_at, a.duration_us, a.status,
            COALESCE(a.excerpt, ''), COALESCE(a.error, '')
-    FROM jsonb_to_recordset($4::jsonb) AS a(event_id text, endpoint_id text, attempt int, started_at timestamptz,
+    FROM json_to_recordset($4::json) AS a(event_id text, endpoint_id text, attempt int, started_at timestamptz,
         duration_us bigint, status int, excerpt text, error text)
     JOIN ins ON ins.event_id = a.event_id AND ins.endpoint_id = a.endpoint_id
 ), dead AS (

@@ -268,7 +268,7 @@ RETURNING ep.id, ep.tenant, ep.enabled, nv.was, ep.failing_since, ep.last_succes
 // {id, ok, failed}). MATERIALIZED, ORDER BY and FOR NO KEY UPDATE: the rows
 // are sorted before they are locked, all of them before any is changed.
 var pgRecordHealth = `WITH b AS (
-    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(id text, ok timestamptz, failed timestamptz)
+    SELECT * FROM json_to_recordset($1::json) AS x(id text, ok timestamptz, failed timestamptz)
 ), locked AS MATERIALIZED (
     SELECT ep.id, ep.failing_since AS was,
            GREATEST(ep.last_success_at, b.ok) AS ok, GREATEST(ep.last_failure_at, b.failed) AS failed
