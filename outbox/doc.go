@@ -11,10 +11,13 @@
 // event without its payment. It writes that one row and nothing else, so it
 // costs the transaction about what a plain INSERT would.
 //
-// A Relay dispatches committed events: in one statement it creates one
-// delivery per enabled endpoint of the event's tenant that subscribes to its
-// type, already claimed for the first attempt. It also claims due retries,
-// in batches under a lease. It signs each request
+// A Relay dispatches committed events: in one statement it claims a batch
+// of them under a lease and finds, for each, the enabled endpoints of its
+// tenant that subscribe to its type, one delivery each. On PostgreSQL the
+// lease is on the event and each delivery row is written once, with its
+// first attempt's outcome (on SQLite the rows are created at dispatch,
+// claimed for the first attempt). It also claims due retries, in batches
+// under a lease. It signs each request
 // (Standard Webhooks by default, see package signer), POSTs it through an
 // HTTP client that refuses private and metadata addresses at connect time,
 // and records every attempt. A failed attempt is retried on the schedule of

@@ -101,8 +101,10 @@ const (
 // rows; the claimed rows become 'running' with next_attempt_at set to the
 // lease expiry, so the same query rescues them if their holder dies.
 //
-// The limit is written into the statement (see limitVariant) and every
-// other lookup goes through = ANY (ARRAY(...)) on a primary key: the plan
+// The limit is written into the statement (see withLimit) and every
+// other lookup goes through a primary key, by = ANY (ARRAY(...)) or one
+// probe per row (LATERAL ... LIMIT 1, which the planner cannot turn into a
+// join over the whole table): the plan
 // then does not depend on the parameters or on the tables' statistics, so
 // PostgreSQL keeps one generic plan for the prepared statement instead of
 // planning it anew at every claim (about half a millisecond each), and the
@@ -123,7 +125,7 @@ const pgClaim = `WITH due AS (
 SELECT c.id, c.attempts, c.prev_state, c.event_id, ` + claimEventCols + `,
        c.endpoint_id, c.ordering_key, ` + claimEndpointCols + `, NULL::timestamptz, c.row_created, c.first
 FROM (SELECT claimed.*, row_number() OVER (PARTITION BY endpoint_id ORDER BY id) = 1 AS first FROM claimed) c
-JOIN txhook_events e ON e.id = c.event_id AND e.id = ANY (ARRAY(SELECT event_id FROM claimed))
+CROSS JOIN LATERAL (SELECT * FROM txhook_events e WHERE e.id = c.event_id LIMIT 1) e
 LEFT JOIN txhook_endpoints ep ON ep.id = c.endpoint_id AND c.first
 ORDER BY c.id`
 
