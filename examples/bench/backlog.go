@@ -186,8 +186,8 @@ func explain(ctx context.Context, db *sql.DB, query string) (string, error) {
 }
 
 // newBacklog creates a schema with an endpoint and n undispatched events
-// (retries false) or n due retries, and vacuums and analyzes it, as a
-// server with autovacuum would have done by then.
+// (retries false) or n due retries, and waits for autovacuum to vacuum and
+// analyze it (see settle).
 func newBacklog(ctx context.Context, cfg config, p *progress, rcv *receiver, n int, retries bool) (*pgSchema, error) {
 	s, err := newSchema(ctx, cfg.DSN, "pgx", 4, localOutbox())
 	if err != nil {
@@ -209,7 +209,7 @@ func newBacklog(ctx context.Context, cfg config, p *progress, rcv *receiver, n i
 		err = fillDeliveries(ctx, s.db, p, ep.ID, "evt_", n)
 	}
 	if err == nil {
-		_, err = s.db.ExecContext(ctx, "VACUUM ANALYZE")
+		err = settle(ctx, s, p, retries)
 	}
 	if err != nil {
 		s.drop()
@@ -217,6 +217,48 @@ func newBacklog(ctx context.Context, cfg config, p *progress, rcv *receiver, n i
 	}
 	p.logf("backlog: filled in %s", time.Since(start).Round(time.Millisecond))
 	return s, nil
+}
+
+// settle waits, on a server with autovacuum on, until autovacuum has
+// vacuumed and analyzed the tables just filled (a production database
+// would have by the time such a backlog is claimed; no manual VACUUM), for
+// at most 5 minutes; on a server with autovacuum off it runs VACUUM
+// ANALYZE, as autovacuum would have.
+func settle(ctx context.Context, s *pgSchema, p *progress, retries bool) error {
+	var av string
+	if err := s.db.QueryRowContext(ctx, "SHOW autovacuum").Scan(&av); err != nil {
+		return err
+	}
+	if av != "on" {
+		_, err := s.db.ExecContext(ctx, "VACUUM ANALYZE")
+		return err
+	}
+	tables := []string{"txhook_events"}
+	if retries {
+		tables = append(tables, "txhook_deliveries")
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var waiting int
+		err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_user_tables
+WHERE schemaname = $1 AND relname = ANY ($2) AND (last_autovacuum IS NULL OR last_autoanalyze IS NULL)`,
+			s.name, "{"+strings.Join(tables, ",")+"}").Scan(&waiting)
+		if err != nil {
+			return err
+		}
+		if waiting == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			p.logf("backlog: autovacuum had not processed %d of the tables after 5 minutes; timing them as they are", waiting)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func msStats(xs []float64) string {
