@@ -334,3 +334,36 @@ func TestFreshUnroutedAndDelayedEventsAreNotLeased(t *testing.T) {
 		}
 	})
 }
+
+// A relay that takes over its own lapsed lease can hand both leases'
+// outcomes of a pair to one completion batch: only the later lease's is
+// written, with its own attempt records, once.
+func TestFreshBothLeasesOfAPairInOneBatch(t *testing.T) {
+	testdb.EachPostgres(t, func(t *testing.T, db *testdb.DB) {
+		b := setupFresh(t, db, "m", 1)
+		b.event("evt_twice", "m")
+		old := b.dispatch("relay-a", time.Minute)
+		b.expire("evt_twice")
+		cur := b.dispatch("relay-a", time.Minute)
+		if len(old) != 1 || len(cur) != 1 || !cur[0].LeaseLapsed {
+			t.Fatalf("claims %+v then %+v", old, cur)
+		}
+		stale := b.succeeded(old[0], true)
+		stale.Records[0].Excerpt = "stale"
+		fresh := b.succeeded(cur[0], true)
+		fresh.Records = append([]store.AttemptRecord{{Attempt: 1, StartedAt: b.now, Error: "lease expired"}}, fresh.Records...)
+		res := b.complete("relay-a", fresh, stale)
+		if len(res.Written) != 1 || res.Written[0] == 0 {
+			t.Fatalf("written %v, want the later lease's outcome (position 0) only", res.Written)
+		}
+		if n := b.int(`SELECT count(*) FROM txhook_deliveries WHERE event_id = 'evt_twice'`); n != 1 {
+			t.Fatalf("%d delivery rows, want 1", n)
+		}
+		if n := b.int(`SELECT count(*) FROM txhook_attempts a JOIN txhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = 'evt_twice'`); n != 2 {
+			t.Fatalf("%d attempt rows, want the later lease's 2", n)
+		}
+		if n := b.int(`SELECT count(*) FROM txhook_attempts WHERE response_excerpt = 'stale'`); n != 0 {
+			t.Fatal("the stale lease's attempt was recorded")
+		}
+	})
+}
