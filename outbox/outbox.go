@@ -168,6 +168,24 @@ type Config struct {
 	// the README. Unused on SQLite.
 	TransactionPooling bool
 
+	// SyncRelayCommits makes relays commit their own writes (claims,
+	// outcomes, the attempt log, endpoint health) as the server's
+	// synchronous_commit says, as Enqueue's transaction always does. By
+	// default, on PostgreSQL, each relay statement's transaction sets
+	// synchronous_commit off for itself alone (set_config(..., true), so
+	// PgBouncer in transaction mode is fine): its commit does not wait for
+	// the WAL to reach the disk, or a synchronous standby. A database
+	// crash or a failover can then forget the relays' last moments of
+	// bookkeeping (on a crash at most about three times wal_writer_delay,
+	// 600 ms by default, and only with everything committed after it).
+	// No event is lost so: events commit with your own transactions,
+	// durably, and a forgotten lease or outcome makes the relays deliver
+	// the event again, which at-least-once delivery allows and receivers
+	// deduplicate by webhook-id. What it saves is a WAL flush per relay
+	// statement (docs/BENCHMARKS.md). Set SyncRelayCommits when the attempt
+	// log must survive a crash to the last attempt. Unused on SQLite.
+	SyncRelayCommits bool
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -232,6 +250,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	}
 	st := store.New(db, d)
 	st.NoPrepare = cfg.TransactionPooling && d == store.Postgres
+	st.SyncRelayCommits = cfg.SyncRelayCommits
 	if cfg.Schema != "" {
 		if err := st.SetSchema(cfg.Schema); err != nil {
 			return nil, err

@@ -113,6 +113,7 @@ const pgClaim = `WITH due AS (
     SELECT id, state FROM txhook_deliveries
     WHERE state IN ('pending', 'running') AND next_attempt_at <= GREATEST($1, now())
       AND CASE state WHEN 'running' THEN next_attempt_at <= now() ELSE next_attempt_at <= $1 END
+      AND {{async}}
     ORDER BY next_attempt_at
     LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
@@ -198,6 +199,7 @@ var pgDispatch = `WITH ev AS (
     SELECT id, tenant, type, lease_until IS NOT NULL AS lapsed, COALESCE(deliver_at > $1, false) AS later
     FROM txhook_events
     WHERE dispatched_at IS NULL AND ordering_key IS NULL AND (lease_until IS NULL OR lease_until <= now())
+      AND {{async}}
     ORDER BY created_at
     LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
@@ -269,7 +271,7 @@ VALUES (?, ?, 'pending', 0, ?, ?, ?)`
 // limit, for Prepare. Other limits are prepared on first use.
 func (s *Store) ClaimQueries(limit int) []string {
 	if s.Dialect == Postgres {
-		return []string{withLimit(pgClaim, limit), withLimit(pgDispatch, limit)}
+		return []string{s.claimSQL(pgClaim, limit), s.claimSQL(pgDispatch, limit)}
 	}
 	return nil
 }
@@ -280,6 +282,12 @@ func (s *Store) ClaimQueries(limit int) []string {
 // execution is planned again; a literal is planned for what it says.
 func withLimit(query string, limit int) string {
 	return strings.Replace(query, "{{limit}}", strconv.Itoa(max(limit, 1)), 1)
+}
+
+// claimSQL is the claim statement q for batches of limit (withLimit), its
+// commit as relaySQL says.
+func (s *Store) claimSQL(q string, limit int) string {
+	return s.relaySQL(withLimit(q, limit))
 }
 
 // maxPrepared bounds the statements prepared on first use (see
@@ -295,7 +303,7 @@ const maxPrepared = 64
 // deliveries pending, due at deliver_at, and they are not returned.
 func (s *Store) Dispatch(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		return s.queryClaimed(ctx, withLimit(pgDispatch, limit), limit, s.T(now), owner, lease.Microseconds())
+		return s.queryClaimed(ctx, s.claimSQL(pgDispatch, limit), limit, s.T(now), owner, lease.Microseconds())
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {
@@ -647,7 +655,7 @@ LIMIT ?`), limit)
 // database's clock.
 func (s *Store) Claim(ctx context.Context, owner string, now time.Time, lease time.Duration, limit int) ([]Claimed, error) {
 	if s.Dialect == Postgres {
-		return s.queryClaimed(ctx, withLimit(pgClaim, limit), limit, s.T(now), owner, lease.Microseconds())
+		return s.queryClaimed(ctx, s.claimSQL(pgClaim, limit), limit, s.T(now), owner, lease.Microseconds())
 	}
 	var out []Claimed
 	err := s.Tx(ctx, func(q Querier) error {

@@ -96,6 +96,7 @@ const pgComplete = `WITH c AS (
     SELECT * FROM json_to_recordset($1::json) AS x(id bigint, attempt int, state text, attempts int,
         next_at timestamptz, record boolean, status int, error text,
         ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text)
+    WHERE {{async}}
 ), upd AS (
     UPDATE txhook_deliveries d
     SET state = c.state, attempts = c.attempts, next_attempt_at = COALESCE(c.next_at, d.next_attempt_at),
@@ -149,7 +150,7 @@ ON CONFLICT (delivery_id) DO NOTHING`
 // for Prepare.
 func (s *Store) CompleteQueries() []string {
 	if s.Dialect == Postgres {
-		return []string{pgComplete, pgCompleteFresh}
+		return []string{s.relaySQL(pgComplete), s.relaySQL(pgCompleteFresh)}
 	}
 	return nil
 }
@@ -432,7 +433,7 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.queryPrepared(ctx, pgComplete, string(cj), owner, s.T(now), string(aj))
+	res, err := s.queryPrepared(ctx, s.relaySQL(pgComplete), string(cj), owner, s.T(now), string(aj))
 	if err != nil {
 		return nil, err
 	}
@@ -488,6 +489,7 @@ const pgCompleteFresh = `WITH c AS (
     SELECT * FROM json_to_recordset($1::json) AS x(event_id text, endpoint_id text, lease timestamptz, last boolean,
         state text, attempts int, next_at timestamptz, record boolean, status int, error text,
         ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, created_at timestamptz)
+    WHERE {{async}}
 ), marked AS (
     UPDATE txhook_events e SET dispatched_at = $3, lease_owner = NULL, lease_until = NULL
     WHERE e.id = ANY (ARRAY(SELECT event_id FROM c WHERE last))
@@ -593,7 +595,7 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.queryPrepared(ctx, pgCompleteFresh, string(cj), owner, s.T(now), string(aj))
+	res, err := s.queryPrepared(ctx, s.relaySQL(pgCompleteFresh), string(cj), owner, s.T(now), string(aj))
 	if err != nil {
 		return nil, err
 	}

@@ -50,6 +50,7 @@ FROM generate_series(1, $1::int) i`, n, payload, now.Add(-time.Hour)); err != ni
 	if err := st.DB.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		b.Fatal(err)
 	}
+	st.SyncRelayCommits = os.Getenv("COST_SYNC") != ""
 	if os.Getenv("COST_EXPLAIN") != "" {
 		for _, q := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on"} {
 			if _, err := st.DB.ExecContext(ctx, q); err != nil {
@@ -57,7 +58,10 @@ FROM generate_series(1, $1::int) i`, n, payload, now.Add(-time.Hour)); err != ni
 			}
 		}
 	}
-	const completeBatch = 70 // what the completer gathers at 16 in flight (docs/BENCHMARKS.md)
+	completeBatch := 70 // what the completer gathers at 16 in flight (docs/BENCHMARKS.md)
+	if v, err := strconv.Atoi(os.Getenv("COST_BATCH")); err == nil {
+		completeBatch = v
+	}
 	var dispatchWall, completeWall time.Duration
 	var dispatchCPU, completeCPU int64
 	delivered := 0

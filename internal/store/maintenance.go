@@ -269,6 +269,7 @@ RETURNING ep.id, ep.tenant, ep.enabled, nv.was, ep.failing_since, ep.last_succes
 // are sorted before they are locked, all of them before any is changed.
 var pgRecordHealth = `WITH b AS (
     SELECT * FROM json_to_recordset($1::json) AS x(id text, ok timestamptz, failed timestamptz)
+    WHERE {{async}}
 ), locked AS MATERIALIZED (
     SELECT ep.id, ep.failing_since AS was,
            GREATEST(ep.last_success_at, b.ok) AS ok, GREATEST(ep.last_failure_at, b.failed) AS failed
@@ -352,7 +353,7 @@ func (s *Store) RecordAttemptTimes(ctx context.Context, times []AttemptTimes) ([
 		if err != nil {
 			return nil, err
 		}
-		rows, err := s.DB.QueryContext(ctx, s.Rebind(pgRecordHealth), string(b))
+		rows, err := s.DB.QueryContext(ctx, s.Rebind(s.relaySQL(pgRecordHealth)), string(b))
 		if err != nil {
 			return nil, err
 		}

@@ -78,6 +78,12 @@ type Store struct {
 	// connection is missing, or named twice, on the next.
 	NoPrepare bool
 
+	// SyncRelayCommits makes the relay's statements (claims, outcomes,
+	// endpoint health) commit as the server's synchronous_commit says.
+	// Without it, on PostgreSQL, each of those transactions turns
+	// synchronous_commit off for itself (see relaySQL).
+	SyncRelayCommits bool
+
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt
 }
@@ -85,6 +91,30 @@ type Store struct {
 // New returns a Store for db.
 func New(db *sql.DB, d Dialect) *Store {
 	return &Store{DB: db, Dialect: d, stmts: map[string]*sql.Stmt{}}
+}
+
+// asyncCommit is what a relay statement puts in the WHERE clause of its
+// first CTE ({{async}} in its text), unless SyncRelayCommits: one
+// evaluation of set_config(..., true), which lasts until the statement's
+// own transaction ends, so that its commit does not wait for its WAL to
+// be flushed (or replicated), and no other transaction on the connection
+// is affected, through PgBouncer in transaction mode too. A database
+// crash can forget such a commit, and only with every commit after it
+// (the WAL is replayed in order): the state the relays left an instant
+// before. Nothing of an event is lost so, because the event itself was
+// committed by its own transaction: a forgotten lease or outcome is
+// redone, and the event delivered again, which at-least-once delivery
+// allows and receivers deduplicate by webhook-id.
+const asyncCommit = `(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL`
+
+// relaySQL returns the relay statement q with its {{async}} condition
+// filled in: asyncCommit, or true with SyncRelayCommits.
+func (s *Store) relaySQL(q string) string {
+	cond := asyncCommit
+	if s.SyncRelayCommits {
+		cond = "true"
+	}
+	return strings.Replace(q, "{{async}}", cond, 1)
 }
 
 // Close releases the prepared statements.
