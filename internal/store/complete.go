@@ -485,10 +485,21 @@ func (s *Store) queryPrepared(ctx context.Context, query string, args ...any) (*
 // UPDATE, and PostgreSQL copies every batch row it reads as a whole row
 // for a possible recheck (EvalPlanQual); with a batch of n it read the
 // batch n times, n² whole rows, about half the statement's CPU at n = 70.
-const pgCompleteFresh = `WITH c AS (
-    SELECT * FROM json_to_recordset($1::json) AS x(event_id text, endpoint_id text, lease timestamptz, last boolean,
-        state text, attempts int, next_at timestamptz, record boolean, status int, error text,
-        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, created_at timestamptz)
+//
+// The batch travels as one array per column ($1 and $5 to $17, see
+// freshArrays), times as microseconds since the epoch: PostgreSQL reads
+// array literals of numbers and quoted text for a fraction of what
+// json_to_recordset costs (about 1.5 µs a row against 7 µs, timestamps
+// parsed from text most of it). $2 is the owner, $3 now, $4 the attempt
+// rows that are not kept inline, as JSON (usually none).
+var pgCompleteFresh = `WITH c AS (
+    SELECT x.event_id, x.endpoint_id, ` + pgMicros("x.lease_us") + ` AS lease, x.last, x.state, x.attempts,
+           ` + pgMicros("x.next_us") + ` AS next_at, x.record, x.status, x.error,
+           ` + pgMicros("x.ok_us") + ` AS ok_started_at, x.ok_duration_us, x.ok_excerpt, ` + pgMicros("x.created_us") + ` AS created_at
+    FROM unnest($1::text[], $5::text[], $6::bigint[], $7::boolean[], $8::text[], $9::int[], $10::bigint[], $11::boolean[],
+                $12::int[], $13::text[], $14::bigint[], $15::bigint[], $16::text[], $17::bigint[])
+        AS x(event_id, endpoint_id, lease_us, last, state, attempts, next_us, record, status, error,
+             ok_us, ok_duration_us, ok_excerpt, created_us)
     WHERE {{async}}
 ), marked AS (
     UPDATE txhook_events e SET dispatched_at = $3, lease_owner = NULL, lease_until = NULL
@@ -527,13 +538,91 @@ const pgCompleteFresh = `WITH c AS (
 )
 SELECT id, event_id, endpoint_id FROM ins`
 
-type pgFresh struct {
-	EventID    string `json:"event_id"`
-	EndpointID string `json:"endpoint_id"`
-	Lease      string `json:"lease"`
-	Last       bool   `json:"last"`
-	CreatedAt  string `json:"created_at"`
-	pgCompletion
+// pgMicros is the timestamptz of col, a bigint of microseconds since the
+// epoch (or NULL), exactly.
+func pgMicros(col string) string {
+	return `(timestamptz 'epoch' + interval '1 microsecond' * ` + col + `)`
+}
+
+// freshArrays are the columns of a batch for pgCompleteFresh, each a
+// PostgreSQL array literal built one element at a time.
+type freshArrays struct {
+	eventID, endpointID, lease, last, state, attempts, next, record, status, errText, okAt, okUS, okExcerpt, created arrayLiteral
+}
+
+func (a *freshArrays) args() []any {
+	return []any{a.eventID.String(), a.endpointID.String(), a.lease.String(), a.last.String(), a.state.String(),
+		a.attempts.String(), a.next.String(), a.record.String(), a.status.String(), a.errText.String(), a.okAt.String(),
+		a.okUS.String(), a.okExcerpt.String(), a.created.String()}
+}
+
+// arrayLiteral builds the text of a one-dimensional PostgreSQL array: text
+// elements double-quoted with backslash escapes, so any text (already
+// valid UTF-8 without NUL, see Completion.Clean) reads back as it was.
+type arrayLiteral struct{ b []byte }
+
+func (a *arrayLiteral) next() {
+	if len(a.b) == 0 {
+		a.b = append(a.b, '{')
+	} else {
+		a.b = append(a.b, ',')
+	}
+}
+
+func (a *arrayLiteral) text(s string) {
+	a.next()
+	a.b = append(a.b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			a.b = append(a.b, '\\')
+		}
+		a.b = append(a.b, s[i])
+	}
+	a.b = append(a.b, '"')
+}
+
+// textOrNull adds s, or NULL when s is empty.
+func (a *arrayLiteral) textOrNull(s string) {
+	if s == "" {
+		a.null()
+		return
+	}
+	a.text(s)
+}
+
+func (a *arrayLiteral) null() {
+	a.next()
+	a.b = append(a.b, "NULL"...)
+}
+
+func (a *arrayLiteral) int(v int64) {
+	a.next()
+	a.b = strconv.AppendInt(a.b, v, 10)
+}
+
+func (a *arrayLiteral) bool(v bool) {
+	a.next()
+	if v {
+		a.b = append(a.b, 't')
+	} else {
+		a.b = append(a.b, 'f')
+	}
+}
+
+// micros adds t as microseconds since the epoch, or NULL for the zero time.
+func (a *arrayLiteral) micros(t time.Time) {
+	if t.IsZero() {
+		a.null()
+		return
+	}
+	a.int(t.UnixMicro())
+}
+
+func (a *arrayLiteral) String() string {
+	if len(a.b) == 0 {
+		return "{}"
+	}
+	return string(a.b) + "}"
 }
 
 type pgFreshAttempt struct {
@@ -554,7 +643,7 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 			latest[c.EventID] = c.Lease
 		}
 	}
-	rows := make([]pgFresh, 0, len(cs))
+	var a freshArrays
 	var atts []pgFreshAttempt
 	pos := make(map[[2]string]int, len(cs))
 	for k, c := range cs {
@@ -562,31 +651,39 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 			continue
 		}
 		pos[[2]string{c.EventID, c.EndpointID}] = k
-		r := pgFresh{EventID: c.EventID, EndpointID: c.EndpointID, Last: c.Last,
-			Lease: jsonTS(c.Lease), CreatedAt: jsonTS(c.CreatedAt),
-			pgCompletion: pgCompletion{State: c.State, Attempts: c.Attempts, Record: c.Record, Status: c.Status, Error: c.Error}}
-		if !c.NextAt.IsZero() {
-			t := jsonTS(c.NextAt)
-			r.NextAt = &t
+		a.eventID.text(c.EventID)
+		a.endpointID.text(c.EndpointID)
+		a.lease.micros(c.Lease)
+		a.last.bool(c.Last)
+		a.state.text(c.State)
+		a.attempts.int(int64(c.Attempts))
+		a.next.micros(c.NextAt)
+		a.record.bool(c.Record)
+		if c.Status != 0 {
+			a.status.int(int64(c.Status))
+		} else {
+			a.status.null()
 		}
-		if a, ok := InlineAttempt(c); ok {
-			t := jsonTS(a.StartedAt)
-			r.OKStartedAt, r.OKDurationUS, r.OKExcerpt = &t, a.Duration.Microseconds(), a.Excerpt
+		a.errText.textOrNull(c.Error)
+		created := c.CreatedAt
+		if r, ok := InlineAttempt(c); ok {
+			a.okAt.micros(r.StartedAt)
+			a.okUS.int(r.Duration.Microseconds())
+			a.okExcerpt.textOrNull(r.Excerpt)
 			// Created when it was attempted: the attempt log by start
 			// time reads it through created_at (InlineSlack).
-			r.CreatedAt = t
+			created = r.StartedAt
 		} else {
-			for _, a := range c.Records {
+			a.okAt.null()
+			a.okUS.null()
+			a.okExcerpt.null()
+			for _, r := range c.Records {
 				atts = append(atts, pgFreshAttempt{EventID: c.EventID, EndpointID: c.EndpointID, pgAttempt: pgAttempt{
-					Attempt: a.Attempt, StartedAt: jsonTS(a.StartedAt),
-					DurationUS: a.Duration.Microseconds(), Status: a.Status, Excerpt: a.Excerpt, Error: a.Error}})
+					Attempt: r.Attempt, StartedAt: jsonTS(r.StartedAt),
+					DurationUS: r.Duration.Microseconds(), Status: r.Status, Excerpt: r.Excerpt, Error: r.Error}})
 			}
 		}
-		rows = append(rows, r)
-	}
-	cj, err := json.Marshal(rows)
-	if err != nil {
-		return nil, err
+		a.created.micros(created)
 	}
 	if atts == nil {
 		atts = []pgFreshAttempt{}
@@ -595,7 +692,9 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.queryPrepared(ctx, s.relaySQL(pgCompleteFresh), string(cj), owner, s.T(now), string(aj))
+	arrays := a.args()
+	args := append([]any{arrays[0], owner, s.T(now), string(aj)}, arrays[1:]...)
+	res, err := s.queryPrepared(ctx, s.relaySQL(pgCompleteFresh), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,4 +118,89 @@ func fuzzStores(f *testing.F) []*store.Store {
 		stores = append(stores, openStore(f, testdb.Postgres(f, "postgres")), openStore(f, testdb.Postgres(f, "pgx")))
 	}
 	return stores
+}
+
+// FuzzCompleteFreshReceiverText is FuzzCompleteReceiverText for first
+// attempts claimed with their events (PostgreSQL), whose outcomes travel
+// as array literals (pgCompleteFresh): a success keeps the receiver's body
+// in its row, a failure its error and status. Quotes, backslashes, braces,
+// commas, "NULL" and bytes PostgreSQL would refuse must all be written as
+// cleaned, never refused and never a fallback.
+//
+//	go test -run '^$' -fuzz '^FuzzCompleteFreshReceiverText$' -fuzztime 60s ./internal/store/
+func FuzzCompleteFreshReceiverText(f *testing.F) {
+	f.Add(200, []byte(`{"ok":true}`), "")
+	f.Add(500, []byte(`NULL`), `NULL`)
+	f.Add(503, []byte("a\"b\\c{d},e\x00\xff"), "HTTP 503: \"quoted\" \\ {x,y}")
+	f.Add(0, []byte("\u202e\r\n\t"), string(make([]byte, 5000)))
+	f.Add(-1, []byte(""), "\"")
+	var stores []*store.Store
+	for _, st := range fuzzStores(f) {
+		if st.Dialect == store.Postgres {
+			stores = append(stores, st)
+		}
+	}
+	ctx := context.Background()
+	var n int
+	f.Fuzz(func(t *testing.T, status int, body []byte, errText string) {
+		for _, st := range stores {
+			n++
+			now := time.Now().UTC().Truncate(time.Microsecond)
+			tenant := "fuzz_" + strconv.Itoa(n)
+			ep := store.EndpointRow{ID: "ep_" + tenant, Tenant: tenant, URL: "https://example.com/hook", EventTypes: []byte(`[]`),
+				Secrets: []byte(`[]`), Versions: []byte(`{}`), Enabled: true, CreatedAt: now, UpdatedAt: now}
+			if err := st.InsertEndpoint(ctx, st.DB, ep); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"evt_ok_" + tenant, "evt_fail_" + tenant} {
+				if _, err := st.DB.ExecContext(ctx, `INSERT INTO txhook_events (id, tenant, type, payload, created_at) VALUES ($1, $2, 'payment.succeeded', '{}', $3)`,
+					id, tenant, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cs, err := st.Dispatch(ctx, "relay-fuzz", now, time.Minute, 10)
+			if err != nil || len(cs) != 2 {
+				t.Fatalf("dispatch: %d claimed, %v", len(cs), err)
+			}
+			var batch []store.Completion
+			for _, c := range cs {
+				x := c.Completion(now, true)
+				rec := store.AttemptRecord{Attempt: 1, StartedAt: now, Duration: time.Millisecond, Status: status, Excerpt: string(body)}
+				if strings.HasPrefix(c.EventID, "evt_ok_") {
+					x.State, x.Attempts, x.Record, x.Status = store.StateSucceeded, 1, true, 200
+					rec.Status = 200
+				} else {
+					x.State, x.Attempts, x.NextAt, x.Record, x.Status, x.Error = store.StatePending, 1, now.Add(time.Minute), true, status, errText
+					rec.Error = errText
+				}
+				x.Records = []store.AttemptRecord{rec}
+				batch = append(batch, x)
+			}
+			res, err := st.Complete(ctx, "relay-fuzz", now, batch)
+			if err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			if len(res.Written) != 2 || len(res.Substituted) != 0 || len(res.Refused) != 0 {
+				t.Fatalf("result %+v, want both outcomes themselves written", res)
+			}
+			var excerpt, lastError string
+			var lastStatus *int
+			if err := st.DB.QueryRowContext(ctx, `SELECT COALESCE(ok_excerpt, '') FROM txhook_deliveries WHERE event_id = $1`, "evt_ok_"+tenant).Scan(&excerpt); err != nil {
+				t.Fatal(err)
+			}
+			if want := store.CleanExcerpt(string(body)); excerpt != want {
+				t.Fatalf("kept excerpt %q, want %q", excerpt, want)
+			}
+			if err := st.DB.QueryRowContext(ctx, `SELECT last_error, last_status FROM txhook_deliveries WHERE event_id = $1`, "evt_fail_"+tenant).Scan(&lastError, &lastStatus); err != nil {
+				t.Fatal(err)
+			}
+			checkClean(t, "last_error", lastError, store.MaxErrorBytes)
+			if want := store.CleanError(errText); lastError != want {
+				t.Fatalf("last_error %q, want %q", lastError, want)
+			}
+			if want := store.CleanStatus(status); (want == 0) != (lastStatus == nil) || lastStatus != nil && *lastStatus != want {
+				t.Fatalf("last_status %v, want %d", lastStatus, want)
+			}
+		}
+	})
 }

@@ -22,6 +22,10 @@ import (
 // the receiver, which the drain in examples/bench measures together.
 //
 //	TXHOOK_TEST_POSTGRES_DSN=... go test -run '^$' -bench PGDeliveryCost -benchtime 20000x ./internal/store
+//
+// COST_BATCH sets the outcomes per completion statement (default 70),
+// COST_SYNC=1 sets SyncRelayCommits, and COST_EXPLAIN=1 logs every
+// statement's plan with auto_explain (in the server's log).
 func BenchmarkPGDeliveryCost(b *testing.B) {
 	db := testdb.Postgres(b, testdb.PGX.Driver)
 	db.DB.SetMaxOpenConns(1)
