@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/txhook/txhook/internal/sqlitelock"
@@ -150,7 +151,7 @@ ON CONFLICT (delivery_id) DO NOTHING`
 // for Prepare.
 func (s *Store) CompleteQueries() []string {
 	if s.Dialect == Postgres {
-		return []string{s.relaySQL(pgComplete), s.relaySQL(pgCompleteFresh)}
+		return []string{s.relaySQL(pgComplete), s.relaySQL(pgCompleteFresh), s.relaySQL(pgCompleteFreshLean)}
 	}
 	return nil
 }
@@ -492,7 +493,15 @@ func (s *Store) queryPrepared(ctx context.Context, query string, args ...any) (*
 // json_to_recordset costs (about 1.5 µs a row against 7 µs, timestamps
 // parsed from text most of it). $2 is the owner, $3 now, $4 the attempt
 // rows that are not kept inline, as JSON (usually none).
-var pgCompleteFresh = `WITH c AS (
+//
+// The statement carries only the parts its batch needs (freshSQL): the
+// lock of events with outcomes still to come (held), the attempt rows
+// (att) and the dead letters (dead). Each part costs every execution
+// whether it finds rows or not (its target table and every index of it
+// opened and locked), and the common batch, first attempts that
+// succeeded, each the last of its event, needs none of them.
+var (
+	freshHead = `WITH c AS (
     SELECT x.event_id, x.endpoint_id, ` + pgMicros("x.lease_us") + ` AS lease, x.last, x.state, x.attempts,
            ` + pgMicros("x.next_us") + ` AS next_at, x.record, x.status, x.error,
            ` + pgMicros("x.ok_us") + ` AS ok_started_at, x.ok_duration_us, x.ok_excerpt, ` + pgMicros("x.created_us") + ` AS created_at
@@ -500,43 +509,85 @@ var pgCompleteFresh = `WITH c AS (
                 $12::int[], $13::text[], $14::bigint[], $15::bigint[], $16::text[], $17::bigint[])
         AS x(event_id, endpoint_id, lease_us, last, state, attempts, next_us, record, status, error,
              ok_us, ok_duration_us, ok_excerpt, created_us)
-    WHERE {{async}}
+    WHERE {{async}}{{noatt}}
 ), marked AS (
     UPDATE txhook_events e SET dispatched_at = $3, lease_owner = NULL, lease_until = NULL
     WHERE e.id = ANY (ARRAY(SELECT event_id FROM c WHERE last))
       AND e.lease_owner = $2 AND e.dispatched_at IS NULL
       AND ((e.id, e.lease_until) IN (SELECT event_id, lease FROM c WHERE last)) IS TRUE
     RETURNING e.id
-), held AS (
+)`
+	freshHeld = `, held AS (
     SELECT e.id FROM txhook_events e
     WHERE e.id = ANY (ARRAY(SELECT event_id FROM c EXCEPT SELECT event_id FROM c WHERE last))
       AND e.lease_owner = $2 AND e.dispatched_at IS NULL
       AND ((e.id, e.lease_until) IN (SELECT event_id, lease FROM c)) IS TRUE
     FOR SHARE OF e
-), ins AS (
+)`
+	freshIns = `, ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, last_status, last_error,
         ok_started_at, ok_duration_us, ok_excerpt, created_at, updated_at)
     SELECT c.event_id, c.endpoint_id, c.state, c.attempts, COALESCE(c.next_at, $3),
            CASE WHEN c.record THEN c.status END, CASE WHEN c.record THEN COALESCE(c.error, '') ELSE '' END,
            c.ok_started_at, c.ok_duration_us, c.ok_excerpt, c.created_at, $3
     FROM c
-    WHERE c.event_id IN (SELECT id FROM marked UNION ALL SELECT id FROM held)
+    WHERE c.event_id IN ({{written}})
     RETURNING id, event_id, endpoint_id, state, attempts, last_status, last_error
-), att AS (
+)`
+	freshAtt = `, att AS (
     INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
     SELECT ins.id, ins.endpoint_id, a.attempt, a.started_at, a.duration_us, a.status,
            COALESCE(a.excerpt, ''), COALESCE(a.error, '')
     FROM json_to_recordset($4::json) AS a(event_id text, endpoint_id text, attempt int, started_at timestamptz,
         duration_us bigint, status int, excerpt text, error text)
     JOIN ins ON ins.event_id = a.event_id AND ins.endpoint_id = a.endpoint_id
-), dead AS (
+)`
+	freshDead = `, dead AS (
     INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at)
     SELECT ins.id, ins.event_id, ins.endpoint_id, e.tenant, e.type, ins.attempts, ins.last_status, ins.last_error, $3
     FROM ins JOIN txhook_events e ON e.id = ins.event_id
     WHERE ins.state = 'dead'
     ON CONFLICT (delivery_id) DO NOTHING
-)
+)`
+	freshTail = `
 SELECT id, event_id, endpoint_id FROM ins`
+)
+
+// freshSQL returns pgCompleteFresh with the parts a batch needs: held when
+// some completion is not its event's last, att when it has attempt rows,
+// dead when some completion dead-letters. Without att, $4 is only cast
+// (every parameter must appear for PostgreSQL to know its type).
+func freshSQL(held, att, dead bool) string {
+	var b strings.Builder
+	head := freshHead
+	if att {
+		head = strings.Replace(head, "{{noatt}}", "", 1)
+	} else {
+		head = strings.Replace(head, "{{noatt}}", " AND $4::text IS NOT NULL", 1)
+	}
+	b.WriteString(head)
+	written := "SELECT id FROM marked"
+	if held {
+		b.WriteString(freshHeld)
+		written += " UNION ALL SELECT id FROM held"
+	}
+	b.WriteString(strings.Replace(freshIns, "{{written}}", written, 1))
+	if att {
+		b.WriteString(freshAtt)
+	}
+	if dead {
+		b.WriteString(freshDead)
+	}
+	b.WriteString(freshTail)
+	return b.String()
+}
+
+// pgCompleteFresh is the statement with every part, and pgCompleteFreshLean
+// the one for the common batch.
+var (
+	pgCompleteFresh     = freshSQL(true, true, true)
+	pgCompleteFreshLean = freshSQL(false, false, false)
+)
 
 // pgMicros is the timestamptz of col, a bigint of microseconds since the
 // epoch (or NULL), exactly.
@@ -645,12 +696,15 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 	}
 	var a freshArrays
 	var atts []pgFreshAttempt
+	var held, dead bool
 	pos := make(map[[2]string]int, len(cs))
 	for k, c := range cs {
 		if !c.Lease.Equal(latest[c.EventID]) {
 			continue
 		}
 		pos[[2]string{c.EventID, c.EndpointID}] = k
+		held = held || !c.Last
+		dead = dead || c.State == StateDead
 		a.eventID.text(c.EventID)
 		a.endpointID.text(c.EndpointID)
 		a.lease.micros(c.Lease)
@@ -694,7 +748,7 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 	}
 	arrays := a.args()
 	args := append([]any{arrays[0], owner, s.T(now), string(aj)}, arrays[1:]...)
-	res, err := s.queryPrepared(ctx, s.relaySQL(pgCompleteFresh), args...)
+	res, err := s.queryPrepared(ctx, s.relaySQL(freshSQL(held, len(atts) > 0, dead)), args...)
 	if err != nil {
 		return nil, err
 	}
