@@ -64,7 +64,9 @@ func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *r
 	var detail strings.Builder
 	for _, conc := range cfg.DrainConc {
 		bare, relay, err := drainRounds(ctx, cfg.DrainRounds, conc, cfg.DrainEvents, p, "postgres", rcv,
-			func() (drainResult, error) { return pgDrain(ctx, cfg.DSN, rcv.URL, conc, cfg.DrainEvents) })
+			func() (drainResult, error) {
+				return pgDrain(ctx, cfg.DSN, rcv.URL, conc, cfg.DrainEvents, localOutbox())
+			})
 		if err != nil {
 			return err
 		}
@@ -96,7 +98,64 @@ func partDrain(ctx context.Context, cfg config, rep *report, p *progress, rcv *r
 		addWrites(rep, &detail, conc, relay, cfg.DrainEvents)
 		fmt.Fprintf(&detail, "%d in flight, %d rounds\n  bare   /s: %s\n  txhook /s: %s\n", conc, len(relay), rates(drainRates(bare)), rates(drainRates(relay)))
 	}
+	if err := syncCommitRounds(ctx, cfg, rep, p, rcv, &detail); err != nil {
+		return err
+	}
 	rep.section("Drain rounds (PostgreSQL)", detail.String())
+	return nil
+}
+
+// syncCommitRounds drains at the first concurrency with the default relay
+// commits (synchronous_commit off for the relays' own transactions) and
+// with Config.SyncRelayCommits, alternating, and reports what waiting for
+// each relay commit's WAL flush costs.
+func syncCommitRounds(ctx context.Context, cfg config, rep *report, p *progress, rcv *receiver, detail *strings.Builder) error {
+	if len(cfg.DrainConc) == 0 {
+		return nil
+	}
+	conc := cfg.DrainConc[0]
+	var async, sync []drainResult
+	for round := range cfg.DrainRounds {
+		arms := []bool{false, true}
+		if round%2 == 1 {
+			arms[0], arms[1] = true, false
+		}
+		for _, syncCommits := range arms {
+			obCfg := localOutbox()
+			obCfg.SyncRelayCommits = syncCommits
+			r, err := pgDrain(ctx, cfg.DSN, rcv.URL, conc, cfg.DrainEvents, obCfg)
+			if err != nil {
+				return err
+			}
+			if syncCommits {
+				sync = append(sync, r)
+			} else {
+				async = append(async, r)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p.logf("drain %d in flight round %d/%d: relay commits async %s/s (CPU %.0f + %.0f µs), SyncRelayCommits %s/s (CPU %.0f + %.0f µs)",
+			conc, round+1, cfg.DrainRounds, rate(async[round].rate), async[round].clientUS, async[round].serverUS,
+			rate(sync[round].rate), sync[round].clientUS, sync[round].serverUS)
+	}
+	ar, sr := median(drainRates(async)), median(drainRates(sync))
+	rep.add(row{
+		Part:     fmt.Sprintf("drain, PostgreSQL (pgx), %d in flight, Config.SyncRelayCommits (each relay commit waits for its WAL flush) (deliveries/s)", conc),
+		Value:    rate(sr),
+		Baseline: rate(ar) + " (default: relay commits asynchronous)",
+		Ratio:    ratio(sr / ar),
+	})
+	if c := cpuSummary(sync, true); c != "" {
+		rep.add(row{
+			Part:     fmt.Sprintf("… CPU per delivery, %d in flight, SyncRelayCommits: this process + its PostgreSQL backends (µs)", conc),
+			Value:    c,
+			Baseline: cpuSummary(async, true) + " (default)",
+		})
+	}
+	fmt.Fprintf(detail, "%d in flight, relay commits, %d rounds\n  default (async) /s: %s\n  SyncRelayCommits /s: %s\n",
+		conc, len(async), rates(drainRates(async)), rates(drainRates(sync)))
 	return nil
 }
 
@@ -219,11 +278,12 @@ func drainRounds(ctx context.Context, rounds, conc, events int, p *progress, lab
 	return bare, relay, nil
 }
 
-// pgDrain fills a fresh schema with n events for one endpoint at url, then
-// starts a relay with conc requests in flight and returns deliveries per
-// second from Start until the last outcome is written.
-func pgDrain(ctx context.Context, dsn, url string, conc, n int) (drainResult, error) {
-	s, err := newSchema(ctx, dsn, "pgx", 16, localOutbox())
+// pgDrain fills a fresh schema (an outbox configured by obCfg) with n
+// events for one endpoint at url, then starts a relay with conc requests
+// in flight and returns deliveries per second from Start until the last
+// outcome is written.
+func pgDrain(ctx context.Context, dsn, url string, conc, n int, obCfg outbox.Config) (drainResult, error) {
+	s, err := newSchema(ctx, dsn, "pgx", 16, obCfg)
 	if err != nil {
 		return drainResult{}, err
 	}
