@@ -3,10 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"os"
-	"strconv"
-	"strings"
+
+	"github.com/txhook/txhook/internal/procstat"
 )
 
 // On a shared machine throughput swings with the neighbours' load, but the
@@ -19,33 +18,11 @@ type cpuMeter struct {
 	backend map[int]int64 // pid -> ticks at start
 }
 
-// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
-const clockTicks = 100
+// clockTicks is USER_HZ, the unit of procTicks.
+const clockTicks = procstat.ClockTicks
 
 // procTicks returns utime+stime of pid in clock ticks, or -1.
-func procTicks(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return -1
-	}
-	// Fields after the command name, which is in parentheses and may
-	// contain spaces: state is field 3, utime 14, stime 15.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return -1
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return -1
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return -1
-	}
-	return u + st
-}
+func procTicks(pid int) int64 { return procstat.Ticks(pid) }
 
 // backends returns the PIDs of the server processes of connections named
 // appName (on a server on this machine).

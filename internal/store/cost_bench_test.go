@@ -2,13 +2,12 @@ package store_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/txhook/txhook/internal/procstat"
 	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/internal/testdb"
 )
@@ -69,16 +68,16 @@ FROM generate_series(1, $1::int) i`, n, payload, now.Add(-time.Hour)); err != ni
 	var dispatchWall, completeWall time.Duration
 	var dispatchCPU, completeCPU int64
 	delivered := 0
-	cpu0 := procCPU(pid)
+	cpu0 := procstat.Ticks(pid)
 	b.ResetTimer()
 	for delivered < n {
-		t0, c0 := time.Now(), procCPU(pid)
+		t0, c0 := time.Now(), procstat.Ticks(pid)
 		cs, err := st.Dispatch(ctx, "relay-cost", now, 30*time.Second, 100)
 		if err != nil {
 			b.Fatal(err)
 		}
 		dispatchWall += time.Since(t0)
-		dispatchCPU += procCPU(pid) - c0
+		dispatchCPU += procstat.Ticks(pid) - c0
 		if len(cs) == 0 {
 			b.Fatalf("nothing to dispatch after %d of %d", delivered, n)
 		}
@@ -91,13 +90,13 @@ FROM generate_series(1, $1::int) i`, n, payload, now.Add(-time.Hour)); err != ni
 				x.Records = []store.AttemptRecord{{Attempt: c.Attempt, StartedAt: now, Duration: 3 * time.Millisecond, Status: 200, Excerpt: ""}}
 				comps[k] = x
 			}
-			t1, c1 := time.Now(), procCPU(pid)
+			t1, c1 := time.Now(), procstat.Ticks(pid)
 			res, err := st.Complete(ctx, "relay-cost", now, comps)
 			if err != nil {
 				b.Fatal(err)
 			}
 			completeWall += time.Since(t1)
-			completeCPU += procCPU(pid) - c1
+			completeCPU += procstat.Ticks(pid) - c1
 			if len(res.Written) != len(comps) {
 				b.Fatalf("wrote %d of %d", len(res.Written), len(comps))
 			}
@@ -105,7 +104,7 @@ FROM generate_series(1, $1::int) i`, n, payload, now.Add(-time.Hour)); err != ni
 		delivered += len(cs)
 	}
 	b.StopTimer()
-	if cpu := procCPU(pid); cpu >= 0 && cpu0 >= 0 {
+	if cpu := procstat.Ticks(pid); cpu >= 0 && cpu0 >= 0 {
 		b.ReportMetric(float64(cpu-cpu0)*1e6/100/float64(delivered), "pg-µs/delivery")
 	}
 	b.ReportMetric(float64(dispatchWall.Microseconds())/float64(delivered), "dispatch-wall-µs/delivery")
@@ -119,24 +118,4 @@ FROM generate_series(1, $1::int) i`, n, payload, now.Add(-time.Hour)); err != ni
 	if left != 0 {
 		b.Fatalf("%d events left undispatched", left)
 	}
-}
-
-// procCPU is the user + system CPU of process pid in clock ticks (1/100
-// s), or -1 when /proc cannot tell (a server on another machine).
-func procCPU(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return -1
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return -1
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	k, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return -1
-	}
-	return u + k
 }
