@@ -582,11 +582,34 @@ func freshSQL(held, att, dead bool) string {
 	return b.String()
 }
 
+// freshVariants holds freshSQL's eight statements, built once: index
+// held | att<<1 | dead<<2 (freshVariant).
+var freshVariants = func() (v [8]string) {
+	for i := range v {
+		v[i] = freshSQL(i&1 != 0, i&2 != 0, i&4 != 0)
+	}
+	return v
+}()
+
+func freshVariant(held, att, dead bool) string {
+	i := 0
+	if held {
+		i |= 1
+	}
+	if att {
+		i |= 2
+	}
+	if dead {
+		i |= 4
+	}
+	return freshVariants[i]
+}
+
 // pgCompleteFresh is the statement with every part, and pgCompleteFreshLean
 // the one for the common batch.
 var (
-	pgCompleteFresh     = freshSQL(true, true, true)
-	pgCompleteFreshLean = freshSQL(false, false, false)
+	pgCompleteFresh     = freshVariant(true, true, true)
+	pgCompleteFreshLean = freshVariant(false, false, false)
 )
 
 // pgMicros is the timestamptz of col, a bigint of microseconds since the
@@ -748,7 +771,7 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 	}
 	arrays := a.args()
 	args := append([]any{arrays[0], owner, s.T(now), string(aj)}, arrays[1:]...)
-	res, err := s.queryPrepared(ctx, s.relaySQL(freshSQL(held, len(atts) > 0, dead)), args...)
+	res, err := s.queryPrepared(ctx, s.relaySQL(freshVariant(held, len(atts) > 0, dead)), args...)
 	if err != nil {
 		return nil, err
 	}
