@@ -323,6 +323,10 @@ func (r *Relay) stop(ctx context.Context) error {
 	r.workers.Wait()
 	close(r.timersQuit)
 	r.httpCancel()
+	// Every request is over: close the kept-alive connections, or each
+	// would hold two goroutines here (and one in the receiver) until the
+	// receiver times it out, for every relay ever stopped in the process.
+	r.client.CloseIdleConnections()
 
 	// Write everything back. If ctx is already over, allow a short grace:
 	// without it every outcome of this relay's last seconds would be
