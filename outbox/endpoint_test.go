@@ -139,10 +139,19 @@ func TestRelayWokenByEnqueueWithoutPolling(t *testing.T) {
 		b := setup(t, db, outbox.Config{})
 		rc := newReceiver(t, nil)
 		b.endpoint("m", rc.URL)
-		// An hour between polls: only the wake-up can explain a delivery.
-		b.relay(outbox.RelayConfig{PollInterval: time.Hour})
-		// Let the relay go idle: its first polls back off to the hour.
-		time.Sleep(300 * time.Millisecond)
+		// An hour between polls, from the first one on: only a wake-up
+		// can explain a delivery.
+		r, err := b.ob.NewRelay(outbox.RelayConfig{PollInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outbox.SetPollFloor(r, time.Hour)
+		if err := r.Start(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Stop(context.Background()) })
+		// The first look happens at Start; wait for it to come back empty.
+		b.eventually("the relay's first claim", func() bool { return r.Stats().Polls > 0 })
 		for i := range 3 {
 			b.enqueue(outbox.Event{Tenant: "m", Type: "a", Payload: []byte(fmt.Sprint(i))})
 			select {
@@ -150,7 +159,8 @@ func TestRelayWokenByEnqueueWithoutPolling(t *testing.T) {
 			case <-time.After(waitFor):
 				t.Fatalf("event %d not delivered: relay not woken", i)
 			}
-			time.Sleep(50 * time.Millisecond) // past the NOTIFY debounce
+			// Enqueue sends at most one NOTIFY per NotifyInterval (25 ms).
+			time.Sleep(2 * outbox.DefaultNotifyInterval)
 		}
 	})
 }

@@ -58,3 +58,9 @@ func RecordAttempts(ctx context.Context, r *Relay, attempts []TestAttempt) {
 // of an expired partition before it keeps the partition instead; 0
 // restores the default.
 func SetMaxMovedPerPartition(o *Outbox, n int) { o.maxMoved.Store(int64(n)) }
+
+// SetPollFloor makes r wait at least d between two claims it was not woken
+// for (normally a millisecond after a short claim, doubling up to
+// PollInterval). Call it before Start: with d and PollInterval long, only
+// a wake-up (Enqueue's NOTIFY, Wake) makes r claim after its first look.
+func SetPollFloor(r *Relay, d time.Duration) { r.pollMin = d }

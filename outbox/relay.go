@@ -45,6 +45,7 @@ type Relay struct {
 	freed    chan struct{}
 	wakeCh   chan struct{}
 	stopping atomic.Bool
+	pollMin  time.Duration // minPoll; tests raise it so that only wake-ups claim
 
 	fetchCancel context.CancelFunc
 	httpCancel  context.CancelFunc
@@ -183,6 +184,7 @@ func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
 		rearm:      make(chan time.Duration, 1),
 		freed:      make(chan struct{}, 1),
 		wakeCh:     make(chan struct{}, 1),
+		pollMin:    minPoll,
 		timersQuit: make(chan struct{}),
 		stopped:    make(chan struct{}),
 	}
@@ -468,11 +470,11 @@ func (r *Relay) fetchLoop(ctx context.Context) {
 			case claimed >= n:
 				continue // more may be due right now
 			case claimed > 0:
-				delay = minPoll
+				delay = r.pollMin
 			case delay == 0:
-				delay = minPoll
+				delay = r.pollMin
 			default:
-				delay = min(delay*2, r.cfg.PollInterval)
+				delay = max(min(delay*2, r.cfg.PollInterval), r.pollMin)
 			}
 		}
 		timer.Reset(delay)
