@@ -13,6 +13,7 @@ import (
 
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/outbox"
+	"github.com/txhook/txhook/retry"
 )
 
 // Hostile tenants for the isolation tests: receivers that hang, and
@@ -216,5 +217,107 @@ func TestOpenCircuitBacklogDoesNotDelayOtherTenants(t *testing.T) {
 		if f := len(failing.requests()); f > 100 {
 			t.Errorf("%d requests to the failing endpoint; the breaker should have kept them to a few", f)
 		}
+	})
+}
+
+// A tenant's backlog of new events does not hold back other tenants'
+// retries or ordered events: the relay keeps them a share of its claims,
+// instead of claiming them only once the backlog is gone.
+func TestBacklogOfNewEventsLeavesRoomForRetriesAndOrderedEvents(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		b := setup(t, db, outbox.Config{})
+		const backlog = 1000
+		var flooded atomic.Int64
+		flood := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			flooded.Add(1)
+		}))
+		t.Cleanup(flood.Close)
+		// The retrying tenant's receiver fails until the backlog is in
+		// place; the ordered tenant's answers at once. Each notes how
+		// much of the backlog had arrived when its event did.
+		var open, failed atomic.Bool
+		seen := func() (*httptest.Server, chan int64) {
+			at := make(chan int64, 100)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				if !open.Load() {
+					failed.Store(true)
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				at <- flooded.Load()
+			}))
+			t.Cleanup(srv.Close)
+			return srv, at
+		}
+		retrying, retried := seen()
+		ordered, orderedAt := seen()
+		b.endpoint("flood", flood.URL)
+		retryEP := b.endpoint("retrying", retrying.URL)
+		b.endpoint("ordered", ordered.URL)
+
+		// The retrying tenant's delivery fails while the outbox is quiet,
+		// and waits for its next attempt.
+		often := retry.Exponential{Base: 100 * time.Millisecond, Cap: 100 * time.Millisecond, Attempts: 1000}
+		first, err := b.ob.NewRelay(outbox.RelayConfig{Retry: often})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := first.Start(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		b.enqueue(outbox.Event{Tenant: "retrying", Type: "payment.succeeded", Payload: []byte(`{}`)})
+		var due time.Time
+		b.eventually("a failed attempt recorded", func() bool {
+			page, err := b.ob.EndpointDeliveries(b.ctx, retryEP.ID, "", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Deliveries) == 1 && page.Deliveries[0].State == outbox.StatePending && page.Deliveries[0].Attempts >= 1 {
+				due = page.Deliveries[0].NextAttemptAt
+				return true
+			}
+			return false
+		})
+		if err := first.Stop(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !failed.Load() {
+			t.Fatal("the retrying receiver was never called")
+		}
+
+		// A backlog of new events, then an ordered event, are waiting
+		// when the retry is due.
+		for i := 0; i < backlog; i += 250 {
+			evs := make([]outbox.Event, 250)
+			for j := range evs {
+				evs[j] = payEvent("flood", i+j)
+			}
+			if _, err := b.many(evs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.enqueue(outbox.Event{Tenant: "ordered", Type: "payment.succeeded", Payload: []byte(`{}`), OrderingKey: "order-1"})
+		b.eventually("the retry due", func() bool { return time.Now().After(due) })
+		open.Store(true)
+
+		b.relay(outbox.RelayConfig{BatchSize: 16, Concurrency: 4, Retry: often})
+		wait := func(what string, at chan int64) int64 {
+			select {
+			case n := <-at:
+				return n
+			case <-time.After(waitFor):
+				t.Fatalf("the %s never arrived (%d of the backlog did)", what, flooded.Load())
+			}
+			return 0
+		}
+		if n := wait("retry", retried); n >= backlog/2 {
+			t.Errorf("the retry arrived after %d of the %d backlogged events", n, backlog)
+		}
+		if n := wait("ordered event", orderedAt); n >= backlog/2 {
+			t.Errorf("the ordered event arrived after %d of the %d backlogged events", n, backlog)
+		}
+		b.eventually("the whole backlog delivered", func() bool { return flooded.Load() >= backlog })
 	})
 }

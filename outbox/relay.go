@@ -46,6 +46,7 @@ type Relay struct {
 	wakeCh   chan struct{}
 	stopping atomic.Bool
 	pollMin  time.Duration // minPoll; tests raise it so that only wake-ups claim
+	side     sideShare     // the fetch loop's share for other than new events
 
 	fetchCancel context.CancelFunc
 	httpCancel  context.CancelFunc
@@ -557,27 +558,60 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		}
 		r.stats.polls.Add(1)
 	}()
-	fresh, err := r.st.Dispatch(stmtCtx, r.cfg.ID, start, r.cfg.Lease, n)
+	// New events come first, and what is left of n goes to events with an
+	// ordering key (a slower path that keeps their order), then to retries,
+	// resends and rescued leases. A backlog of new events would leave
+	// nothing for the others, so a share is kept for them: half of every
+	// round while they fill it, half of one round per sidePace otherwise.
+	now := time.Now()
+	share := n >= 2 && (r.side.busy || !now.Before(r.side.next))
+	freshN := n
+	if share {
+		freshN = r.claimSize(n / 2)
+	}
+	fresh, err := r.st.Dispatch(stmtCtx, r.cfg.ID, start, r.cfg.Lease, freshN)
 	if err != nil {
 		return 0, err
 	}
 	take(fresh)
-	// Events with an ordering key take a slower path that keeps their order.
-	if rest := n - got; rest > 0 && ctx.Err() == nil {
-		keyed, err := r.st.DispatchKeyed(stmtCtx, r.cfg.ID, start, r.cfg.Lease, rest)
-		if err != nil {
-			return got, err
-		}
-		take(keyed)
+	rest := n - got
+	if rest <= 0 || ctx.Err() != nil {
+		return got, nil
 	}
-	// One event can fan out to several deliveries; what is left of n goes
-	// to retries and rescued leases.
-	if rest := n - got; rest > 0 && ctx.Err() == nil {
-		due, err := r.st.Claim(stmtCtx, r.cfg.ID, start, r.cfg.Lease, r.claimSize(rest))
-		if err != nil {
-			return got, err
-		}
-		take(due)
+	keyed := func(limit int) ([]store.Claimed, error) {
+		return r.st.DispatchKeyed(stmtCtx, r.cfg.ID, start, r.cfg.Lease, limit)
 	}
+	due := func(limit int) ([]store.Claimed, error) {
+		return r.st.Claim(stmtCtx, r.cfg.ID, start, r.cfg.Lease, r.claimSize(limit))
+	}
+	first, second := keyed, due
+	if r.side.turn {
+		first, second = due, keyed
+	}
+	r.side.turn = !r.side.turn
+	for _, claim := range [2]func(int) ([]store.Claimed, error){first, second} {
+		if rest := n - got; rest > 0 && ctx.Err() == nil {
+			batch, err := claim(rest)
+			if err != nil {
+				return got, err
+			}
+			take(batch)
+		}
+	}
+	// Busy: what the others were offered, they took.
+	r.side.busy = got-len(fresh) >= rest
+	r.side.next = now.Add(sidePace)
 	return got, nil
+}
+
+// sidePace is how often, at most, a relay whose new events fill every
+// claim still offers half a claim to ordered events, retries, resends and
+// rescued leases (every round while they take all of it).
+const sidePace = 100 * time.Millisecond
+
+// sideShare is the state of that offer; only the fetch loop uses it.
+type sideShare struct {
+	next time.Time // real time: it paces queries
+	busy bool      // the last offer was taken whole
+	turn bool      // retries before ordered events this time
 }
