@@ -11,7 +11,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/txhook/txhook/signer"
 )
+
+// userAgent is the relay's User-Agent, which the bare loop sends too.
+var userAgent = []string{"txhook/1 (+https://github.com/txhook/txhook)"}
 
 // receiver is a local no-op webhook receiver: it reads the body and answers
 // 204. When a recorder is set it also notes the arrival time of each
@@ -85,31 +91,36 @@ func parseSeq(body []byte) (int64, bool) {
 	return n, err == nil
 }
 
-// envelopeLike is a body the size and shape of what the relay sends for
-// benchPayload.
-func envelopeLike() []byte {
-	b := []byte(`{"id":"01JD0000000000000000000000","type":"payment.succeeded","timestamp":"2026-11-30T12:00:00.000000Z","data":`)
+// bareEnvelope appends to b the body the relay sends for an event of
+// benchPayload: the Standard Webhooks envelope with the event's own ID and
+// time, the payload copied in.
+func bareEnvelope(b []byte, id string, at time.Time) []byte {
+	b = append(b, `{"id":"`...)
+	b = append(b, id...)
+	b = append(b, `","type":"payment.succeeded","version":1,"timestamp":"`...)
+	b = at.UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z")
+	b = append(b, `","data":`...)
 	b = append(b, benchPayload...)
 	return append(b, '}')
 }
 
 // bareLoop POSTs total requests from conc goroutines with a plain
-// net/http client, keep-alive, the same body and headers of the same size
-// as the relay's (signature precomputed): the cost of the HTTP alone, the
-// drain's baseline. It returns requests per second.
+// net/http client and keep-alive, doing per request what the relay does
+// besides the database: a new event ID and time, the envelope around the
+// payload, the relay's headers, and a Standard Webhooks HMAC-SHA256
+// signature over them. It is the drain's baseline, as the issue defines
+// it: same envelope, HMAC and POST, no database. It returns requests per
+// second.
 func bareLoop(url string, conc, total int) (float64, error) {
-	body := envelopeLike()
+	secret, err := signer.GenerateSecret()
+	if err != nil {
+		return 0, err
+	}
+	secrets := []string{secret}
 	tr := &http.Transport{MaxIdleConnsPerHost: conc, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	hdr := http.Header{
-		"Content-Type":       {"application/json"},
-		"User-Agent":         {"txhook/1 (+https://github.com/txhook/txhook)"},
-		"Webhook-Id":         {"01JD0000000000000000000000"},
-		"Webhook-Event-Type": {"payment.succeeded"},
-		"Webhook-Timestamp":  {"1764504000"},
-		"Webhook-Signature":  {"v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4="},
-	}
+	entropy := ulid.DefaultEntropy()
 	var next atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -119,10 +130,23 @@ func bareLoop(url string, conc, total int) (float64, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			hdr := hdr.Clone()
 			for next.Add(1) <= int64(total) {
-				req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+				now := time.Now()
+				id := ulid.MustNew(ulid.Timestamp(now), entropy).String()
+				body := bareEnvelope(make([]byte, 0, len(benchPayload)+128), id, now)
+				hdr := http.Header{
+					"Content-Type":          {"application/json"},
+					"Webhook-Id":            {id},
+					"Webhook-Event-Type":    {"payment.succeeded"},
+					"Webhook-Event-Version": {"1"},
+				}
+				err := signer.Standard{}.Sign(hdr, id, now, body, secrets)
+				var req *http.Request
 				if err == nil {
+					req, err = http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+				}
+				if err == nil {
+					hdr["User-Agent"] = userAgent
 					req.Header = hdr
 					var resp *http.Response
 					if resp, err = c.Do(req); err == nil {
