@@ -97,6 +97,8 @@ type outcome struct {
 	// the database (ID is then its delivery's).
 	event   *eventClaim
 	written bool
+	// q is set for a delivery taken from a queue (broker mode).
+	q *queued
 }
 
 // push appends x to pending. For a first attempt claimed with its event it
@@ -317,6 +319,9 @@ func (c *completer) expire(pending []outcome) []outcome {
 // not, for a retry, with the error that stopped the write.
 func (c *completer) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
 	r := c.r
+	if r.src != nil {
+		return c.flushQueue(ctx, batch)
+	}
 	rows := make([]store.Completion, len(batch))
 	for i := range batch {
 		if x := &batch[i]; x.event != nil && x.event.broken {

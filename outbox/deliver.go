@@ -188,13 +188,19 @@ func newOutcome(j *job, now, deadline time.Time) outcome {
 		// Last is the completer's to decide (see push).
 		Completion: c.Completion(j.claimedAt, false),
 		eventID:    c.EventID, eventType: c.Type, tenant: c.Tenant, endpointID: c.EndpointID, orderingKey: c.OrderingKey,
-		deadline: deadline, event: j.event,
+		deadline: deadline, event: j.event, q: j.q,
 	}
 	if c.LeaseLapsed {
-		out.Records = append(out.Records, store.AttemptRecord{
-			Attempt: c.Attempt - 1, StartedAt: now,
-			Error: "lease expired: the relay holding this delivery stopped before recording the outcome",
-		})
+		lapsed := 1
+		if j.q != nil {
+			lapsed = j.q.lapsed
+		}
+		for a := c.Attempt - lapsed; a < c.Attempt; a++ {
+			out.Records = append(out.Records, store.AttemptRecord{
+				Attempt: a, StartedAt: now,
+				Error: "lease expired: the relay holding this delivery stopped before recording the outcome",
+			})
+		}
 	}
 	return out
 }

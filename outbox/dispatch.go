@@ -92,7 +92,11 @@ func (r *Relay) timerLoop() {
 // putBack returns j to the database, due at `at`, without spending its
 // attempt.
 func (r *Relay) putBack(j *job, at time.Time) {
-	r.comp.add(r.postpone(j, at))
+	if j.q != nil {
+		r.queueBack(j, at)
+	} else {
+		r.comp.add(r.postpone(j, at))
+	}
 	r.dropHeld()
 }
 

@@ -293,6 +293,8 @@ func (o *Outbox) validate(ev *Event) error {
 		return fmt.Errorf("%w: idempotency key must be printable UTF-8", ErrInvalidEvent)
 	case len(ev.OrderingKey) > 255 || !printable(ev.OrderingKey):
 		return fmt.Errorf("%w: ordering key must be printable UTF-8 of at most 255 bytes", ErrInvalidEvent)
+	case ev.OrderingKey != "" && o.cfg.Broker:
+		return ErrOrderingBroker
 	case ev.Version < 0 || ev.Version > math.MaxInt32:
 		return fmt.Errorf("%w: version %d out of range (0 to %d)", ErrInvalidEvent, ev.Version, math.MaxInt32)
 	case len(ev.Payload) > o.cfg.MaxPayloadBytes:

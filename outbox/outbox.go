@@ -15,6 +15,7 @@ import (
 
 	"github.com/txhook/txhook/internal/clock"
 	"github.com/txhook/txhook/internal/link"
+	"github.com/txhook/txhook/internal/queue"
 	"github.com/txhook/txhook/internal/safehttp"
 	"github.com/txhook/txhook/internal/sqlitelock"
 	"github.com/txhook/txhook/internal/store"
@@ -186,6 +187,19 @@ type Config struct {
 	// log must survive a crash to the last attempt. Unused on SQLite.
 	SyncRelayCommits bool
 
+	// Broker puts the Outbox in broker mode: its events are forwarded to
+	// NATS JetStream and delivered by the workers of package outbox/broker,
+	// which take delivery work off this database, instead of being
+	// dispatched and delivered by relays (NewRelay then fails with
+	// ErrBrokerMode). Enqueue writes the same one row in the caller's
+	// transaction; on PostgreSQL it also stores the writing transaction's
+	// ID, by which forwarders find new events without writing anything per
+	// event. Broker mode does not order deliveries: Enqueue refuses an
+	// OrderingKey with ErrOrderingBroker. Set it on every Outbox that
+	// enqueues into the database (an event enqueued without it is still
+	// forwarded, at the cost of a claim and an update of its row).
+	Broker bool
+
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
 
@@ -251,6 +265,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Outbox, error) {
 	st := store.New(db, d)
 	st.NoPrepare = cfg.TransactionPooling && d == store.Postgres
 	st.SyncRelayCommits = cfg.SyncRelayCommits
+	st.Forward = cfg.Broker
 	if cfg.Schema != "" {
 		if err := st.SetSchema(cfg.Schema); err != nil {
 			return nil, err
@@ -351,6 +366,18 @@ var (
 	// this one means the key was reused for a different operation.
 	ErrIdempotencyConflict = errors.New("txhook: idempotency key already used for a different event")
 
+	// ErrOrderingBroker: an event with an OrderingKey was enqueued by an
+	// Outbox in broker mode (Config.Broker). Broker mode delivers each
+	// delivery on its own, from a shared queue: keeping one key's events
+	// in order would let one failing key hold back whatever shares its
+	// place in the queue, so it does not offer ordering. Enqueue without
+	// an OrderingKey, or deliver ordered events in table mode.
+	ErrOrderingBroker = errors.New("txhook: broker mode does not order deliveries: ordering keys need table mode")
+	// ErrBrokerMode: NewRelay was called on an Outbox in broker mode
+	// (Config.Broker), whose events table-mode relays never see; run the
+	// forwarders and workers of package outbox/broker instead.
+	ErrBrokerMode = errors.New("txhook: the outbox is in broker mode: deliver with package outbox/broker, not NewRelay")
+
 	// ErrInvalidEndpoint: an endpoint field other than the URL is invalid.
 	ErrInvalidEndpoint = errors.New("txhook: invalid endpoint")
 	// ErrEndpointNotFound: no endpoint has that ID.
@@ -393,7 +420,15 @@ var (
 func init() {
 	link.Outbox = func(x any) link.Internals {
 		o := x.(*Outbox)
-		return link.Internals{Store: o.st, Clock: o.clock, Logger: o.log, Wake: func() { o.wake(context.Background()) }}
+		return link.Internals{Store: o.st, Clock: o.clock, Logger: o.log, Wake: func() { o.wake(context.Background()) },
+			Listen: o.listenFunc(), Broker: o.cfg.Broker, Seal: o.seal,
+			Open: func(ctx context.Context, col, id string, stored []byte) ([]byte, error) {
+				plain, _, err := o.open(ctx, col, id, stored)
+				return plain, err
+			}}
+	}
+	link.NewQueueRelay = func(o any, cfg any, src queue.Source, owner string) (any, error) {
+		return o.(*Outbox).newQueueRelay(cfg.(RelayConfig), src, owner)
 	}
 	link.Enqueue = func(ctx context.Context, o any, c store.Conn, ev any) (any, error) {
 		return o.(*Outbox).enqueue(ctx, c, ev.(Event))

@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txhook/txhook/internal/queue"
 	"github.com/txhook/txhook/internal/safehttp"
 	"github.com/txhook/txhook/internal/sched"
 	"github.com/txhook/txhook/internal/store"
@@ -68,6 +69,12 @@ type Relay struct {
 	stats     relayCounters
 
 	clockCheck clockCheck // this relay's clock against the database's; see clockcheck.go
+
+	// src, in broker mode, hands out the deliveries instead of claims,
+	// and owner is the lease owner of the rows the broker holds (see
+	// queue.go); nil and "" for a relay of table mode.
+	src   queue.Source
+	owner string
 }
 
 type relayCounters struct {
@@ -130,6 +137,8 @@ type job struct {
 	// that event share.
 	claimedAt time.Time
 	event     *eventClaim
+	// q is set for a delivery taken from a queue (broker mode).
+	q *queued
 }
 
 // eventClaim is what the first attempts of one event, claimed together
@@ -154,8 +163,16 @@ var ErrRelayStarted = errors.New("txhook: relay already started")
 // Outbox.NewRelay; the deliveries the old one released are waiting for it.
 var ErrRelayStopped = errors.New("txhook: relay was stopped; a relay runs once, make a new one with Outbox.NewRelay")
 
-// NewRelay returns a relay for the outbox. Start it with Start.
+// NewRelay returns a relay for the outbox. Start it with Start. On an
+// Outbox in broker mode (Config.Broker) it fails with ErrBrokerMode.
 func (o *Outbox) NewRelay(cfg RelayConfig) (*Relay, error) {
+	if o.cfg.Broker {
+		return nil, ErrBrokerMode
+	}
+	return o.newRelay(cfg)
+}
+
+func (o *Outbox) newRelay(cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -220,11 +237,20 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err := r.st.CheckSchema(ctx); err != nil {
 		return fmt.Errorf("txhook: relay start: %w", err)
 	}
-	if err := r.st.Prepare(ctx, append(r.st.ClaimQueries(r.cfg.BatchSize), r.st.CompleteQueries()...)...); err != nil {
+	queries := append(r.st.ClaimQueries(r.cfg.BatchSize), r.st.CompleteQueries()...)
+	if r.src != nil {
+		queries = r.st.BrokerCompleteQueries()
+	}
+	if err := r.st.Prepare(ctx, queries...); err != nil {
 		return fmt.Errorf("txhook: relay start: %w (has Migrate run?)", err)
 	}
 	if err := r.o.checkSecretKeys(ctx); err != nil {
 		return fmt.Errorf("txhook: relay start: %w", err)
+	}
+	if r.src != nil {
+		if err := r.src.Open(ctx); err != nil {
+			return fmt.Errorf("txhook: relay start: %w", err)
+		}
 	}
 	r.started = true
 
@@ -243,10 +269,13 @@ func (r *Relay) Start(ctx context.Context) error {
 		go r.worker()
 	}
 
-	r.listen(fetchCtx)
-
 	r.fetchDone = make(chan struct{})
-	go r.fetchLoop(fetchCtx)
+	if r.src != nil {
+		go r.receiveLoop(fetchCtx)
+	} else {
+		r.listen(fetchCtx)
+		go r.fetchLoop(fetchCtx)
+	}
 	r.maintDone = make(chan struct{})
 	go func() {
 		defer close(r.maintDone)
@@ -341,6 +370,9 @@ func (r *Relay) stop(ctx context.Context) error {
 		defer cancel()
 	}
 	r.comp.close(flushCtx)
+	if r.src != nil {
+		r.src.Close()
+	}
 	r.bgCancel()
 	return err
 }

@@ -49,6 +49,11 @@ type Completion struct {
 
 	// Records are attempt log rows to insert with this completion.
 	Records []AttemptRecord
+
+	// Base is, for a delivery a broker holds (BrokerComplete), the number
+	// of attempts its row had recorded when the broker's message was sent:
+	// the fencing token, as Attempt is the relay's.
+	Base int
 }
 
 // AttemptRecord is one row of the attempt log.
@@ -243,7 +248,7 @@ func (s *Store) Complete(ctx context.Context, owner string, now time.Time, cs []
 		if len(part) == 0 {
 			continue
 		}
-		if err = s.completeSplit(ctx, owner, now, clean, part, &res); err != nil {
+		if err = s.completeSplit(ctx, owner, now, clean, part, &res, s.completeBatch); err != nil {
 			if k == 0 {
 				res.Unwritten = append(res.Unwritten, freshIdx...)
 			}
@@ -256,13 +261,18 @@ func (s *Store) Complete(ctx context.Context, owner string, now time.Time, cs []
 	return res, err
 }
 
-// completeSplit writes cs[idx...] as one batch, splitting it on a refusal.
-func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, cs []Completion, idx []int, res *Completed) error {
+// batchWriter writes a batch of completions all or nothing and returns the
+// delivery ID each written completion's position wrote.
+type batchWriter func(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error)
+
+// completeSplit writes cs[idx...] as one batch with write, splitting it on
+// a refusal.
+func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, cs []Completion, idx []int, res *Completed, write batchWriter) error {
 	batch := make([]Completion, len(idx))
 	for k, i := range idx {
 		batch[k] = cs[i]
 	}
-	written, err := s.completeBatch(ctx, owner, now, batch)
+	written, err := write(ctx, owner, now, batch)
 	switch {
 	case err == nil:
 		for k, id := range written {
@@ -274,14 +284,14 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 		return err
 	case len(idx) > 1:
 		half := len(idx) / 2
-		if err := s.completeSplit(ctx, owner, now, cs, idx[:half], res); err != nil {
+		if err := s.completeSplit(ctx, owner, now, cs, idx[:half], res, write); err != nil {
 			res.Unwritten = append(res.Unwritten, idx[half:]...)
 			return err
 		}
-		return s.completeSplit(ctx, owner, now, cs, idx[half:], res)
+		return s.completeSplit(ctx, owner, now, cs, idx[half:], res, write)
 	}
 	i := idx[0]
-	written, ferr := s.completeBatch(ctx, owner, now, []Completion{Fallback(cs[i], err)})
+	written, ferr := write(ctx, owner, now, []Completion{Fallback(cs[i], err)})
 	switch {
 	case ferr == nil:
 		if id, ok := written[0]; ok {

@@ -80,16 +80,17 @@ FROM txhook_events WHERE id = ? OR (tenant = ? AND idempotency_key = ?)`
 // EnqueueQueries are the statements InsertEvent runs, for Prepare: with
 // traced, those for events with a trace context too.
 func (s *Store) EnqueueQueries(traced bool) []string {
+	out := []string{s.enqueueSQL(false, false)}
 	if s.Dialect == Postgres {
-		if traced {
-			return []string{pgEnqueue, pgEnqueueNotify, pgEnqueueTraced, pgEnqueueNotifyTraced}
-		}
-		return []string{pgEnqueue, pgEnqueueNotify}
+		out = append(out, s.enqueueSQL(false, true))
 	}
 	if traced {
-		return []string{sqliteEnqueue, sqliteEnqueueTraced}
+		out = append(out, s.enqueueSQL(true, false))
+		if s.Dialect == Postgres {
+			out = append(out, s.enqueueSQL(true, true))
+		}
 	}
-	return []string{sqliteEnqueue}
+	return out
 }
 
 // Conn is what the enqueue statements run on: a database/sql Querier
@@ -156,14 +157,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Conn, ev NewEvent, notify boo
 	}
 	var n int64
 	if ev.TraceParent == "" {
-		query := sqliteEnqueue
-		if s.Dialect == Postgres {
-			query = pgEnqueue
-			if notify {
-				query = pgEnqueueNotify
-			}
-		}
-		n, err = q.Exec(ctx, s.Rebind(query), ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
+		n, err = q.Exec(ctx, s.Rebind(s.enqueueSQL(false, notify)), ev.ID, ev.Tenant, ev.Type, ev.Payload, key, s.T(ev.CreatedAt), ev.Version, okey)
 	} else {
 		n, err = s.insertTraced(ctx, q, ev, key, okey, notify)
 	}
@@ -177,13 +171,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Conn, ev NewEvent, notify boo
 // context: a separate call, so that the untraced one keeps its argument
 // list (and its cost) exactly.
 func (s *Store) insertTraced(ctx context.Context, q Conn, ev NewEvent, key, okey any, notify bool) (int64, error) {
-	query := sqliteEnqueueTraced
-	if s.Dialect == Postgres {
-		query = pgEnqueueTraced
-		if notify {
-			query = pgEnqueueNotifyTraced
-		}
-	}
+	query := s.enqueueSQL(true, notify)
 	var state any
 	if ev.TraceState != "" {
 		state = ev.TraceState

@@ -56,13 +56,17 @@ func (s *Store) InsertEvents(ctx context.Context, q Conn, evs []NewEvent, notify
 		if withNotify {
 			b.WriteString("WITH ev AS (\n")
 		}
-		b.WriteString(insertEventsHead)
+		head, row := insertEventsHead, insertEventsRow
+		if s.forwarding() {
+			head, row = forwardEventsHead, forwardEventsRow
+		}
+		b.WriteString(head)
 		args := make([]any, 0, 11*len(chunk))
 		for i, ev := range chunk {
 			if i > 0 {
 				b.WriteString(",\n")
 			}
-			b.WriteString(insertEventsRow)
+			b.WriteString(row)
 			var key, okey, at any
 			if ev.IdempotencyKey != "" {
 				key = ev.IdempotencyKey

@@ -84,6 +84,10 @@ type Store struct {
 	// synchronous_commit off for itself (see relaySQL).
 	SyncRelayCommits bool
 
+	// Forward writes events for the forwarders of broker mode (package
+	// outbox/broker) instead of table-mode relays: see forward_enqueue.go.
+	Forward bool
+
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt
 }
