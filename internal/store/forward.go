@@ -277,12 +277,12 @@ RETURNING `+forwardCols), owner, lease.Microseconds(), limit)
 	}
 	var out []ForwardEvent
 	err := s.Tx(ctx, func(q Querier) error {
-		rows, err := q.QueryContext(ctx, `UPDATE txhook_events AS e
+		rows, err := q.QueryContext(ctx, `UPDATE txhook_events
 SET lease_owner = ?, lease_until = `+sqliteNow+` + ?
-WHERE e.id IN (SELECT id FROM txhook_events
-               WHERE dispatched_at IS NULL AND ordering_key IS NULL AND (lease_until IS NULL OR lease_until <= `+sqliteNow+`)
-               ORDER BY created_at LIMIT ?)
-RETURNING `+forwardCols, owner, lease.Microseconds(), limit)
+WHERE id IN (SELECT id FROM txhook_events
+             WHERE dispatched_at IS NULL AND ordering_key IS NULL AND (lease_until IS NULL OR lease_until <= `+sqliteNow+`)
+             ORDER BY created_at LIMIT ?)
+RETURNING `+strings.ReplaceAll(forwardCols, "e.", ""), owner, lease.Microseconds(), limit)
 		if err != nil {
 			return err
 		}

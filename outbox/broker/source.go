@@ -119,6 +119,7 @@ func (s *source) take(ctx context.Context, out []*queue.Delivery, m jetstream.Ms
 	}
 	d.Received = time.Now()
 	d.Handle = m
+	s.log.Debug("txhook: received", "subject", m.Subject())
 	d.Deliveries = 1
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
 		d.Deliveries = int(min(md.NumDelivered, 1000))
@@ -199,6 +200,7 @@ func (s *source) Settle(ctx context.Context, ss []queue.Settlement) {
 			s.log.Warn("txhook: queueing a delivery's next attempt failed; the broker will hand it out again", "event", next.Event.ID, "error", err)
 			continue
 		}
+		s.log.Debug("txhook: queued", "subject", msg.Subject, "id", id, "at", at)
 		waits = append(waits, pending{m: m, ack: f})
 	}
 	for _, w := range waits {
