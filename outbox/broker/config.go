@@ -113,7 +113,7 @@ var (
 	// forwarders or workers ran. The deliveries it held are gone: call
 	// Setup (or restart), then Outbox.Recover each endpoint since the
 	// deletion.
-	ErrStreamMissing = errors.New("txhook/broker: stream deleted")
+	ErrStreamMissing = errors.New("txhook/broker: stream or consumer deleted (call Setup or restart to create them, then Outbox.Recover the endpoints whose deliveries they held)")
 	// ErrNotBrokerMode: an Outbox given to a forwarder or worker is not in
 	// broker mode (outbox.Config.Broker).
 	ErrNotBrokerMode = errors.New("txhook/broker: the outbox is not in broker mode (set outbox.Config.Broker)")

@@ -60,7 +60,8 @@ type Forwarder struct {
 	savedAt time.Time
 	triedAt time.Time
 
-	stats forwarderCounters
+	stats   forwarderCounters
+	lastErr atomic.Pointer[error] // the last round's error, nil after a round that worked
 }
 
 type forwarderCounters struct {
@@ -201,6 +202,31 @@ func (f *Forwarder) Stop(ctx context.Context) error {
 	}
 }
 
+// Err returns why the last forwarding round failed (errors matching
+// ErrUnavailable, ErrStreamMissing, or the database's), or nil when it
+// worked: for a readiness check. Failed rounds are retried; events wait
+// in the outbox table meanwhile.
+func (f *Forwarder) Err() error {
+	if p := f.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// explain turns a publish failure into ErrStreamMissing when the stream is
+// gone (a publish then finds no responder, as if JetStream were down).
+func (f *Forwarder) explain(ctx context.Context, err error) error {
+	if !errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, serr := f.cfg.JetStream.Stream(cctx, f.cfg.Stream); errors.Is(serr, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: stream %s not found; events wait in the outbox: %w", ErrStreamMissing, f.cfg.Stream, serr)
+	}
+	return err
+}
+
 // Wake makes the forwarder look for events and due rows now.
 func (f *Forwarder) Wake() {
 	select {
@@ -245,6 +271,12 @@ func (f *Forwarder) run(ctx context.Context) {
 	for {
 		full, err := f.round(ctx)
 		f.stats.rounds.Add(1)
+		if err != nil && ctx.Err() == nil {
+			err = f.explain(ctx, err)
+			f.lastErr.Store(&err)
+		} else {
+			f.lastErr.Store(nil)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -470,6 +502,12 @@ func (f *Forwarder) forward(ctx context.Context, evs []store.ForwardEvent) (map[
 	return unrouted, nil
 }
 
+// publishAckWait bounds the wait for a round's acknowledgements, which
+// normally take milliseconds: past it (JetStream down, a cluster electing
+// a leader) the round is retried, and what was stored meanwhile is
+// dropped as a duplicate.
+const publishAckWait = 5 * time.Second
+
 // publish sends msgs and waits for JetStream to acknowledge every one.
 func (f *Forwarder) publish(ctx context.Context, msgs []*nats.Msg) error {
 	if len(msgs) == 0 {
@@ -484,7 +522,7 @@ func (f *Forwarder) publish(ctx context.Context, msgs []*nats.Msg) error {
 		}
 		futures = append(futures, fu)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, publishAckWait)
 	defer cancel()
 	var first error
 	for _, fu := range futures {
