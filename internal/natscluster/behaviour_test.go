@@ -159,6 +159,7 @@ func info(t *testing.T, ctx context.Context, st jetstream.Stream) *jetstream.Str
 // stream's Duplicates window is acknowledged with Duplicate=true and the
 // first message's sequence, and not stored, whatever its subject or data.
 func TestDedupByMsgID(t *testing.T) {
+	t.Parallel()
 	onBoth(t, func(t *testing.T, b *broker) {
 		ctx := testCtx(t)
 		st := b.createStream(t, ctx, jetstream.StreamConfig{Name: "D", Subjects: []string{"d.>"}, Duplicates: time.Minute})
@@ -184,6 +185,7 @@ func TestDedupByMsgID(t *testing.T) {
 // TestDedupWindowEnds: once the Duplicates window has passed, the same ID
 // is stored again (the window, not the stream, is the dedup guarantee).
 func TestDedupWindowEnds(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
 	const window = 500 * time.Millisecond
@@ -208,6 +210,7 @@ func TestDedupWindowEnds(t *testing.T) {
 // the restarted node, and after all three nodes are killed and restarted
 // (the window is rebuilt from the stored messages).
 func TestDedupSurvivesLeaderKillAndFullRestart(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := cluster(t)
 	c := b.cluster
@@ -291,6 +294,7 @@ func TestDedupSurvivesLeaderKillAndFullRestart(t *testing.T) {
 // the same subject replaces the earlier one, which never fires; a time in
 // the past fires at once.
 func TestScheduleOnWorkQueue(t *testing.T) {
+	t.Parallel()
 	onBoth(t, func(t *testing.T, b *broker) {
 		ctx := testCtx(t)
 		st := b.createStream(t, ctx, jetstream.StreamConfig{
@@ -399,6 +403,7 @@ func TestScheduleOnWorkQueue(t *testing.T) {
 // with it may fire up to a second BEFORE the time given. Write the header
 // with RFC3339Nano (as scheduleMsg does) or round the time up.
 func TestScheduleAtOptionTruncatesToSeconds(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
 	st := b.createStream(t, ctx, jetstream.StreamConfig{Name: "X", Subjects: []string{"x.>"}, AllowMsgSchedules: true})
@@ -419,6 +424,7 @@ func TestScheduleAtOptionTruncatesToSeconds(t *testing.T) {
 // TestScheduleErrors: what the server answers to schedules it will not
 // take.
 func TestScheduleErrors(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
 	b.createStream(t, ctx, jetstream.StreamConfig{Name: "X", Subjects: []string{"x.>"}, AllowMsgSchedules: true})
@@ -449,6 +455,7 @@ func TestScheduleErrors(t *testing.T) {
 // the stream leader is SIGKILLed fires after the failover, exactly once,
 // also after the killed node comes back.
 func TestScheduleFiresOnceAfterLeaderKill(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := cluster(t)
 	c := b.cluster
@@ -543,6 +550,7 @@ func meta(t *testing.T, m jetstream.Msg) *jetstream.MsgMetadata {
 // d; DoubleAck returns once the server has the ack (WorkQueue: the message
 // is gone); Term ends redelivery at once.
 func TestAckWaitRedelivers(t *testing.T) {
+	t.Parallel()
 	onBoth(t, func(t *testing.T, b *broker) {
 		ctx := testCtx(t)
 		const ackWait = time.Second
@@ -610,9 +618,10 @@ func TestAckWaitRedelivers(t *testing.T) {
 // held longer than AckWait by a worker that says so is not handed to
 // another worker.
 func TestInProgressHoldsAMessage(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
-	const ackWait = time.Second
+	const ackWait = 2 * time.Second
 	_, cons := consumerSetup(t, ctx, b, jetstream.ConsumerConfig{AckWait: ackWait})
 	publish(t, ctx, b.js, msgWithID("q.1", "1", "one"))
 	m := next(t, ctx, cons)
@@ -621,7 +630,7 @@ func TestInProgressHoldsAMessage(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(ackWait / 4)
+		tick := time.NewTicker(ackWait / 8)
 		defer tick.Stop()
 		for {
 			select {
@@ -645,6 +654,7 @@ func TestInProgressHoldsAMessage(t *testing.T) {
 // consumer hands out NOTHING else until a delay ends, however many other
 // messages wait: delayed retries held by NakWithDelay block fresh work.
 func TestMaxAckPendingFullOfDelayedNaks(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
 	const maxAckPending = 3
@@ -695,6 +705,7 @@ func TestMaxAckPendingFullOfDelayedNaks(t *testing.T) {
 // come back on the new leader (NumDelivered 2); messages acknowledged with
 // DoubleAck before the kill never do.
 func TestConsumerLeaderKillRedeliversOnlyUnacked(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := cluster(t)
 	c := b.cluster
@@ -755,6 +766,7 @@ func TestConsumerLeaderKillRedeliversOnlyUnacked(t *testing.T) {
 // jetstream.ErrNoStreamResponse. Deleting only the consumer gives the
 // same ErrConsumerDeleted, and lookups jetstream.ErrConsumerNotFound.
 func TestStreamDeletedUnderConsumer(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
 	for _, deleteStream := range []bool{true, false} {
@@ -866,6 +878,7 @@ func TestStreamDeletedUnderConsumer(t *testing.T) {
 //   - JetStream API calls (stream info): block until their context ends.
 //   - A Consume started before the outage consumes again after it.
 func TestServerUnreachable(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	b := embedded(t)
 	s := b.server

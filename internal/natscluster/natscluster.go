@@ -90,10 +90,11 @@ type node struct {
 	dir                   string
 	port, route, httpPort int
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
-	log  *os.File
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{} // closed when cmd has exited
+	log      *os.File
+	logStart int64 // size of server.log when cmd started
 }
 
 // ForTest starts a cluster for t (stores under t.TempDir()), waits until
@@ -323,6 +324,7 @@ func (c *Cluster) start(i int) error {
 	if err != nil {
 		return fmt.Errorf("natscluster: %w", err)
 	}
+	start, _ := logf.Seek(0, io.SeekEnd)
 	fmt.Fprintf(logf, "\n==== natscluster: start %s %s\n", n.name, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(c.bin, "-c", filepath.Join(n.dir, "nats.conf"))
 	cmd.Dir = n.dir
@@ -337,7 +339,7 @@ func (c *Cluster) start(i int) error {
 		_ = cmd.Wait()
 		close(done)
 	}()
-	n.cmd, n.done, n.log = cmd, done, logf
+	n.cmd, n.done, n.log, n.logStart = cmd, done, logf, start
 	c.logf("natscluster: %s pid %d on %s (routes :%d, monitor :%d)", n.name, cmd.Process.Pid, c.URL(i), n.route, n.httpPort)
 	return nil
 }
@@ -379,7 +381,10 @@ func (c *Cluster) poll(ctx context.Context, i int, check func() (bool, string)) 
 		last = detail
 		select {
 		case <-done:
-			tail := c.logTail(i, 4000)
+			n.mu.Lock()
+			start := n.logStart
+			n.mu.Unlock()
+			tail := c.logSince(i, start, 4000)
 			if strings.Contains(tail, "address already in use") {
 				return fmt.Errorf("natscluster: %s: %w", n.name, errPortTaken)
 			}
@@ -805,6 +810,24 @@ func (c *Cluster) Close() error {
 		return os.RemoveAll(c.dir)
 	}
 	return nil
+}
+
+// logSince returns at most the last n bytes node i logged after offset
+// start.
+func (c *Cluster) logSince(i int, start int64, n int) string {
+	b, err := os.ReadFile(c.LogFile(i))
+	if err != nil {
+		return err.Error()
+	}
+	if start < int64(len(b)) {
+		b = b[start:]
+	} else {
+		b = nil
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
 }
 
 func (c *Cluster) logTail(i, n int) string {
