@@ -103,9 +103,10 @@ func scheduleMsg(subject, target string, at time.Time) *nats.Msg {
 }
 
 // next fetches one message, retrying through errors the cluster returns
-// while a consumer leader is elected, until ctx ends.
+// while a consumer leader is elected (logged once each), until ctx ends.
 func next(t *testing.T, ctx context.Context, cons jetstream.Consumer) jetstream.Msg {
 	t.Helper()
+	seen := map[string]bool{}
 	for {
 		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
 		if err == nil {
@@ -113,6 +114,19 @@ func next(t *testing.T, ctx context.Context, cons jetstream.Consumer) jetstream.
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("no message: %v (last error: %v)", ctx.Err(), err)
+		}
+		if errors.Is(err, nats.ErrTimeout) {
+			continue
+		}
+		if !seen[err.Error()] {
+			seen[err.Error()] = true
+			t.Logf("Next: %v (%T), retrying", err, err)
+		}
+		// nats.ErrNoResponders comes back at once while the consumer has
+		// no leader: do not spin.
+		select {
+		case <-ctx.Done():
+		case <-time.After(25 * time.Millisecond):
 		}
 	}
 }
