@@ -21,18 +21,28 @@ const EnvServer = "TXHOOK_NATS_SERVER"
 const serverModule = "github.com/nats-io/nats-server/v2"
 
 var binary struct {
-	once sync.Once
+	mu   sync.Mutex
 	path string
-	err  error
 }
 
 // Binary returns the nats-server binary the clusters run: $TXHOOK_NATS_SERVER
 // if set, else <user cache dir>/txhook/nats-server-<version>, built with
 // `go build` from the version of github.com/nats-io/nats-server/v2 in
 // go.mod the first time (about a minute) and reused by later test runs.
+// Concurrent callers wait for one build; a failed one is tried again by
+// the next call.
 func Binary(ctx context.Context) (string, error) {
-	binary.once.Do(func() { binary.path, binary.err = findBinary(ctx) })
-	return binary.path, binary.err
+	binary.mu.Lock()
+	defer binary.mu.Unlock()
+	if binary.path != "" {
+		return binary.path, nil
+	}
+	p, err := findBinary(ctx)
+	if err != nil {
+		return "", err
+	}
+	binary.path = p
+	return p, nil
 }
 
 func findBinary(ctx context.Context) (string, error) {

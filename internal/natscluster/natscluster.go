@@ -90,10 +90,11 @@ type node struct {
 	dir                   string
 	port, route, httpPort int
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
-	log  *os.File
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{} // closed when cmd has exited
+	log      *os.File
+	logStart int64 // size of server.log when cmd started
 }
 
 // ForTest starts a cluster for t (stores under t.TempDir()), waits until
@@ -323,6 +324,7 @@ func (c *Cluster) start(i int) error {
 	if err != nil {
 		return fmt.Errorf("natscluster: %w", err)
 	}
+	start, _ := logf.Seek(0, io.SeekEnd)
 	fmt.Fprintf(logf, "\n==== natscluster: start %s %s\n", n.name, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(c.bin, "-c", filepath.Join(n.dir, "nats.conf"))
 	cmd.Dir = n.dir
@@ -337,7 +339,7 @@ func (c *Cluster) start(i int) error {
 		_ = cmd.Wait()
 		close(done)
 	}()
-	n.cmd, n.done, n.log = cmd, done, logf
+	n.cmd, n.done, n.log, n.logStart = cmd, done, logf, start
 	c.logf("natscluster: %s pid %d on %s (routes :%d, monitor :%d)", n.name, cmd.Process.Pid, c.URL(i), n.route, n.httpPort)
 	return nil
 }
@@ -379,7 +381,10 @@ func (c *Cluster) poll(ctx context.Context, i int, check func() (bool, string)) 
 		last = detail
 		select {
 		case <-done:
-			tail := c.logTail(i, 4000)
+			n.mu.Lock()
+			start := n.logStart
+			n.mu.Unlock()
+			tail := c.logSince(i, start, 4000)
 			if strings.Contains(tail, "address already in use") {
 				return fmt.Errorf("natscluster: %s: %w", n.name, errPortTaken)
 			}
@@ -467,29 +472,35 @@ func (c *Cluster) WaitMetaLeader(ctx context.Context) (int, error) {
 	}
 }
 
-// WaitStream waits until stream has a leader on a running node and every
-// replica on a running node is current (no lag), asking through a
-// connection of its own to every node, and returns the leader's index.
-// Use it after creating a replicated stream and after a kill or restart.
+// WaitStream waits until stream has a leader on a running node, every
+// replica on a running node is current (no lag), as the leader reports on
+// its monitoring endpoint, and a publish through each running node
+// reaches the stream, and returns the leader's index. Use it after
+// creating a replicated stream and after a kill or restart.
+//
+// The last check matters: the leader's interest in the stream's subjects
+// reaches the other nodes over their routes a moment after the election,
+// and until then a publish through them fails with
+// jetstream.ErrNoStreamResponse.
 func (c *Cluster) WaitStream(ctx context.Context, stream string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	nc, err := nats.Connect(c.ClientURL(), natstest.ConnectOptions("natscluster-wait", c.logf)...)
-	if err != nil {
-		return -1, fmt.Errorf("natscluster: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return -1, fmt.Errorf("natscluster: %w", err)
-	}
-	tick := time.NewTicker(25 * time.Millisecond)
+	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
+	conns := map[int]*nats.Conn{}
+	defer func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}()
 	var last string
 	for {
-		leader, detail := c.streamReady(ctx, js, stream)
+		leader, subjects, detail := c.streamReady(ctx, stream)
 		if leader >= 0 {
-			return leader, nil
+			detail = c.reachable(ctx, conns, subjects)
+			if detail == "" {
+				return leader, nil
+			}
 		}
 		last = detail
 		select {
@@ -500,27 +511,138 @@ func (c *Cluster) WaitStream(ctx context.Context, stream string) (int, error) {
 	}
 }
 
-func (c *Cluster) streamReady(ctx context.Context, js jetstream.JetStream, stream string) (int, string) {
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	s, err := js.Stream(rctx, stream)
-	if err != nil {
-		return -1, err.Error()
+// streamReady returns the index of the running node that leads stream
+// with every running replica current, and the stream's subjects; or -1
+// and why not.
+func (c *Cluster) streamReady(ctx context.Context, stream string) (int, []string, string) {
+	why := "no running node holds stream " + stream
+	for i := range c.nodes {
+		if !c.Running(i) {
+			continue
+		}
+		sd, err := c.streamDetail(ctx, i, stream)
+		if err != nil {
+			why = err.Error()
+			continue
+		}
+		if sd.Cluster.Leader != c.Name(i) {
+			continue // only the leader's view of the replicas counts
+		}
+		for _, r := range sd.Cluster.Replicas {
+			if j := c.Index(r.Name); j >= 0 && c.Running(j) && (!r.Current || r.Offline || r.Lag > 0) {
+				return -1, nil, fmt.Sprintf("replica %s current=%v offline=%v lag=%d", r.Name, r.Current, r.Offline, r.Lag)
+			}
+		}
+		var subjects []string
+		if sd.Config != nil {
+			subjects = sd.Config.Subjects
+		}
+		return i, subjects, ""
 	}
-	ci := s.CachedInfo().Cluster
-	if ci == nil {
-		return -1, "no cluster info"
-	}
-	leader := c.Index(ci.Leader)
-	if leader < 0 || !c.Running(leader) {
-		return -1, fmt.Sprintf("leader %q", ci.Leader)
-	}
-	for _, r := range ci.Replicas {
-		if i := c.Index(r.Name); i >= 0 && c.Running(i) && (!r.Current || r.Offline || r.Lag > 0) {
-			return -1, fmt.Sprintf("replica %s current=%v offline=%v lag=%d", r.Name, r.Current, r.Offline, r.Lag)
+	return -1, nil, why
+}
+
+// reachable checks that a publish to each of subjects through each running
+// node reaches the stream, and returns "" or why not. The publish carries
+// an expected last sequence no stream has, so the stream answers with an
+// error and stores nothing.
+func (c *Cluster) reachable(ctx context.Context, conns map[int]*nats.Conn, subjects []string) string {
+	for i := range c.nodes {
+		if !c.Running(i) {
+			continue
+		}
+		nc := conns[i]
+		if nc == nil || nc.IsClosed() {
+			// Only this node: no reconnect to another, no discovered URLs.
+			var err error
+			nc, err = nats.Connect(c.URL(i), nats.NoReconnect(), nats.Name("natscluster-probe"))
+			if err != nil {
+				return fmt.Sprintf("connect to %s: %v", c.Name(i), err)
+			}
+			conns[i] = nc
+		}
+		for _, subj := range subjects {
+			m := nats.NewMsg(literal(subj))
+			m.Header.Set(jetstream.ExpectedLastSeqHeader, "18446744073709551615")
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := nc.RequestMsgWithContext(rctx, m)
+			cancel()
+			if err != nil {
+				return fmt.Sprintf("publish to %s through %s: %v", m.Subject, c.Name(i), err)
+			}
+			var r struct {
+				Error *struct {
+					ErrCode int `json:"err_code"`
+				} `json:"error"`
+			}
+			if json.Unmarshal(resp.Data, &r) != nil || r.Error == nil {
+				return fmt.Sprintf("publish to %s through %s: unexpected answer %q", m.Subject, c.Name(i), resp.Data)
+			}
 		}
 	}
-	return leader, ""
+	return ""
+}
+
+// literal turns a stream subject with wildcards into one subject it
+// matches.
+func literal(subject string) string {
+	toks := strings.Split(subject, ".")
+	for i, t := range toks {
+		if t == "*" || t == ">" {
+			toks[i] = "_natscluster_probe"
+		}
+	}
+	return strings.Join(toks, ".")
+}
+
+// streamDetail is the part of /jsz's stream detail this package reads.
+type streamDetail struct {
+	Name   string `json:"name"`
+	Config *struct {
+		Subjects []string `json:"subjects"`
+	} `json:"config"`
+	Cluster struct {
+		Leader   string `json:"leader"`
+		Replicas []struct {
+			Name    string `json:"name"`
+			Current bool   `json:"current"`
+			Offline bool   `json:"offline"`
+			Lag     uint64 `json:"lag"`
+		} `json:"replicas"`
+	} `json:"cluster"`
+	State struct {
+		Msgs     uint64 `json:"messages"`
+		FirstSeq uint64 `json:"first_seq"`
+		LastSeq  uint64 `json:"last_seq"`
+	} `json:"state"`
+}
+
+// streamDetail reads node i's own view of its replica of stream (in any
+// account) from its monitoring endpoint.
+func (c *Cluster) streamDetail(ctx context.Context, i int, stream string) (*streamDetail, error) {
+	code, body, err := c.get(ctx, i, "/jsz?accounts=true&streams=true&config=true")
+	if err != nil {
+		return nil, fmt.Errorf("natscluster: %s: %w", c.Name(i), err)
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("natscluster: %s: /jsz: %d %s", c.Name(i), code, body)
+	}
+	var jsz struct {
+		Accounts []struct {
+			Streams []streamDetail `json:"stream_detail"`
+		} `json:"account_details"`
+	}
+	if err := json.Unmarshal([]byte(body), &jsz); err != nil {
+		return nil, fmt.Errorf("natscluster: %s: /jsz: %w", c.Name(i), err)
+	}
+	for _, a := range jsz.Accounts {
+		for k := range a.Streams {
+			if a.Streams[k].Name == stream {
+				return &a.Streams[k], nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("natscluster: %s holds no replica of stream %s", c.Name(i), stream)
 }
 
 // ReplicaState is what one node's replica of a stream holds.
@@ -528,40 +650,14 @@ type ReplicaState struct {
 	Msgs, FirstSeq, LastSeq uint64
 }
 
-// ReplicaState returns what node i's replica of stream (in the default
-// account) holds, from the node's own monitoring endpoint: not the
-// leader's view.
+// ReplicaState returns what node i's replica of stream holds, from the
+// node's own monitoring endpoint: not the leader's view.
 func (c *Cluster) ReplicaState(ctx context.Context, i int, stream string) (ReplicaState, error) {
-	code, body, err := c.get(ctx, i, "/jsz?accounts=true&streams=true")
+	sd, err := c.streamDetail(ctx, i, stream)
 	if err != nil {
-		return ReplicaState{}, fmt.Errorf("natscluster: %s: %w", c.Name(i), err)
+		return ReplicaState{}, err
 	}
-	if code != http.StatusOK {
-		return ReplicaState{}, fmt.Errorf("natscluster: %s: /jsz: %d %s", c.Name(i), code, body)
-	}
-	var jsz struct {
-		Accounts []struct {
-			Streams []struct {
-				Name  string `json:"name"`
-				State struct {
-					Msgs     uint64 `json:"messages"`
-					FirstSeq uint64 `json:"first_seq"`
-					LastSeq  uint64 `json:"last_seq"`
-				} `json:"state"`
-			} `json:"stream_detail"`
-		} `json:"account_details"`
-	}
-	if err := json.Unmarshal([]byte(body), &jsz); err != nil {
-		return ReplicaState{}, fmt.Errorf("natscluster: %s: /jsz: %w", c.Name(i), err)
-	}
-	for _, a := range jsz.Accounts {
-		for _, st := range a.Streams {
-			if st.Name == stream {
-				return ReplicaState{Msgs: st.State.Msgs, FirstSeq: st.State.FirstSeq, LastSeq: st.State.LastSeq}, nil
-			}
-		}
-	}
-	return ReplicaState{}, fmt.Errorf("natscluster: %s holds no replica of stream %s", c.Name(i), stream)
+	return ReplicaState{Msgs: sd.State.Msgs, FirstSeq: sd.State.FirstSeq, LastSeq: sd.State.LastSeq}, nil
 }
 
 // StreamLeader returns the index of the node leading stream now, asking
@@ -714,6 +810,24 @@ func (c *Cluster) Close() error {
 		return os.RemoveAll(c.dir)
 	}
 	return nil
+}
+
+// logSince returns at most the last n bytes node i logged after offset
+// start.
+func (c *Cluster) logSince(i int, start int64, n int) string {
+	b, err := os.ReadFile(c.LogFile(i))
+	if err != nil {
+		return err.Error()
+	}
+	if start < int64(len(b)) {
+		b = b[start:]
+	} else {
+		b = nil
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
 }
 
 func (c *Cluster) logTail(i, n int) string {
