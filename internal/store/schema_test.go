@@ -338,7 +338,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
-		"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
+		"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10, &store.EventsWalk{}); return err },
 		"TenantEndpoint":   func() error { _, err := s.TenantEndpoint(ctx, db.DB, "m", ep.ID); return err },
 		"TenantDelivery":   func() error { _, err := s.TenantDelivery(ctx, "m", claimed[0].ID); return err },
 		"TenantEvent":      func() error { _, err := s.TenantEvent(ctx, "m", ev.ID); return err },
@@ -396,7 +396,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	// Methods that run no statement of their own.
 	noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
 		"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
-		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true}
+		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true, "RecoverStatements": true}
 	var missing []string
 	typ := reflect.TypeFor[*store.Store]()
 	for i := range typ.NumMethod() {
