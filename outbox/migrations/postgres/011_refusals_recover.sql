@@ -2,6 +2,7 @@
 -- send ends in the dead-letter table, and Recover reads only its own
 -- tenant's unrouted events.
 --
+-- refused_since is when the relays' target rules started refusing the
 -- delivery's endpoint URL (a relay hands such a delivery back without
 -- spending an attempt), by the database's clock; NULL while it is not
 -- refused. The completion that records a refusal sets it if it is NULL and
@@ -12,10 +13,12 @@
 -- outbox.RelayConfig.RefusedLimit). A nullable column without a default:
 -- adding it rewrites nothing, and no index reads it.
 --
+-- txhook_dead_letters.reason says why a delivery was dead-lettered:
 -- 'failed' (its attempts ran out, or it failed in a way no retry mends:
 -- every dead letter before this version) or 'refused' (the target rules
 -- refused its endpoint for longer than RefusedLimit). A constant default:
 -- adding it rewrites nothing either. The partial index
+-- txhook_dead_letters_refused counts the refused ones per endpoint for the
 -- metrics; it holds only them.
 --
 -- txhook_events_unrouted_tenant (tenant, dispatched_at) WHERE unrouted
@@ -32,12 +35,18 @@
 -- while it is built.
 
 -- +goose Up
+ALTER TABLE txhook_deliveries ADD COLUMN IF NOT EXISTS refused_since timestamptz;
+ALTER TABLE txhook_dead_letters ADD COLUMN IF NOT EXISTS reason text NOT NULL DEFAULT 'failed';
 CREATE INDEX IF NOT EXISTS txhook_events_unrouted_tenant ON txhook_events (tenant, dispatched_at) WHERE unrouted;
 DROP INDEX IF EXISTS txhook_events_unrouted;
+CREATE INDEX IF NOT EXISTS txhook_dead_letters_refused ON txhook_dead_letters (endpoint_id) WHERE reason = 'refused';
 
 INSERT INTO txhook_migrations (version, name) VALUES (11, '011_refusals_recover');
 
 -- +goose Down
+DROP INDEX IF EXISTS txhook_dead_letters_refused;
 CREATE INDEX IF NOT EXISTS txhook_events_unrouted ON txhook_events (dispatched_at) WHERE unrouted;
 DROP INDEX IF EXISTS txhook_events_unrouted_tenant;
+ALTER TABLE txhook_dead_letters DROP COLUMN IF EXISTS reason;
+ALTER TABLE txhook_deliveries DROP COLUMN IF EXISTS refused_since;
 DELETE FROM txhook_migrations WHERE version = 11;
