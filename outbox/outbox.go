@@ -78,8 +78,8 @@ type Config struct {
 	// been refused for RelayConfig.RefusedLimit (by default the span of
 	// the retry schedule) with no attempt to its endpoint by any relay
 	// meanwhile, it is dead-lettered with reason DeadReasonRefused; replay
-	// it once the rules or the endpoint's URL are fixed. A host name that resolves,
-	// when the relay connects, to an address its rules forbid is an
+	// it once the rules or the endpoint's URL are fixed. A host name that
+	// resolves, when the relay connects, to an address its rules forbid is an
 	// ordinary failed attempt, retried and in the end dead-lettered: DNS
 	// changes, and a name that turns private after registration may be
 	// DNS rebinding. So is a redirect to a refused target.
