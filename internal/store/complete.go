@@ -438,6 +438,10 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 					return err
 				}
 				written[k] = c.ID
+				// A lapsed lease's record, if any.
+				if err := s.sqliteInsertRecords(ctx, q, c); err != nil {
+					return err
+				}
 				if state == StateDead {
 					refusedDead[k] = true
 					if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), DeadReasonRefused, c.ID); err != nil {
@@ -472,15 +476,8 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 			if isInline {
 				continue
 			}
-			for _, r := range c.Records {
-				var st any
-				if r.Status != 0 {
-					st = r.Status
-				}
-				if _, err := q.ExecContext(ctx, sqliteInsertAttempt, r.Attempt, s.T(r.StartedAt),
-					r.Duration.Microseconds(), st, r.Excerpt, r.Error, c.ID); err != nil {
-					return err
-				}
+			if err := s.sqliteInsertRecords(ctx, q, c); err != nil {
+				return err
 			}
 			if c.State == StateDead {
 				if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), DeadReasonFailed, c.ID); err != nil {
@@ -494,6 +491,21 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 		return nil, nil, err
 	}
 	return written, refusedDead, nil
+}
+
+// sqliteInsertRecords writes c's attempt records to txhook_attempts.
+func (s *Store) sqliteInsertRecords(ctx context.Context, q Querier, c Completion) error {
+	for _, r := range c.Records {
+		var st any
+		if r.Status != 0 {
+			st = r.Status
+		}
+		if _, err := q.ExecContext(ctx, sqliteInsertAttempt, r.Attempt, s.T(r.StartedAt),
+			r.Duration.Microseconds(), st, r.Excerpt, r.Error, c.ID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, map[int]bool, error) {
