@@ -45,7 +45,7 @@
 //   - signer: signing and verification micro-benchmarks.
 //   - recover: Outbox.Recover of one endpoint beside -recover-rows events
 //     (and half as many deliveries) of -recover-tenants other tenants, with
-//     the index of unrouted events by tenant (migration 011) against the
+//     the index of unrouted events by tenant (migration 010) against the
 //     index of migration 009, alternating, with both plans; and the WAL
 //     each index costs an event dispatched to no endpoint.
 //   - relays: 1, 2 and 4 relay processes (this program in relay mode) on

@@ -25,9 +25,9 @@ import (
 // deleted again between rounds, untimed.
 
 // recoverIndexes are the two arms' DDL: the index of unrouted events by
-// tenant (migration 011), and the one of migration 009.
+// tenant (migration 010), and the one of migration 009.
 var recoverIndexes = []struct{ name, create, drop string }{
-	{"tenant index (migration 011)", `CREATE INDEX IF NOT EXISTS txhook_events_unrouted_tenant ON txhook_events (tenant, dispatched_at) WHERE unrouted`,
+	{"tenant index (migration 010)", `CREATE INDEX IF NOT EXISTS txhook_events_unrouted_tenant ON txhook_events (tenant, dispatched_at) WHERE unrouted`,
 		`DROP INDEX IF EXISTS txhook_events_unrouted_tenant`},
 	{"dispatched_at index (migration 009)", `CREATE INDEX IF NOT EXISTS txhook_events_unrouted ON txhook_events (dispatched_at) WHERE unrouted`,
 		`DROP INDEX IF EXISTS txhook_events_unrouted`},

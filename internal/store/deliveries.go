@@ -54,7 +54,7 @@ type DeliveryRow struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	// RefusedSince is when the relays' target rules started refusing its
-	// endpoint's URL (migration 011); zero when they do not.
+	// endpoint's URL (migration 010); zero when they do not.
 	RefusedSince time.Time
 }
 

@@ -269,7 +269,7 @@ func (s *Store) DeadLettersByEndpoint(ctx context.Context) (map[string]int, erro
 
 // RefusedDeadLettersByEndpoint counts, per endpoint, the dead letters of
 // reason DeadReasonRefused: one grouped count on their partial index
-// (txhook_dead_letters_refused, migration 011).
+// (txhook_dead_letters_refused, migration 010).
 func (s *Store) RefusedDeadLettersByEndpoint(ctx context.Context) (map[string]int, error) {
 	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT endpoint_id, count(*) FROM txhook_dead_letters WHERE reason = '`+DeadReasonRefused+`' GROUP BY endpoint_id`))
 	if err != nil {

@@ -46,7 +46,7 @@ const unreceived = `NOT EXISTS (SELECT 1 FROM txhook_deliveries d
 // through its tenant's deliveries by creation time (every endpoint's,
 // txhook_deliveries_endpoint_log) and, for an event with no delivery at
 // all, through the tenant's unrouted events (txhook_events_unrouted_tenant,
-// migration 011). Both start with the tenant or its endpoints, so what
+// migration 010). Both start with the tenant or its endpoints, so what
 // other tenants store is never read. An event with deliveries created at
 // different times comes up in more than one window; Recover checks again
 // before it queues anything. The deliveries of one ordering key are

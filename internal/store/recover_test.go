@@ -16,7 +16,7 @@ import (
 // in the same window, they read about as many events as the recovering
 // tenant has. On PostgreSQL the plans are run (EXPLAIN ANALYZE) and the
 // rows they read from txhook_events counted; SQLite's plans must find the
-// unrouted events through an index by tenant. Before migration 011 both
+// unrouted events through an index by tenant. Before migration 010 both
 // read every other tenant's unrouted events of the window.
 func TestRecoverReadsOnlyItsTenant(t *testing.T) {
 	testdb.Each(t, func(t *testing.T, db *testdb.DB) {

@@ -1,4 +1,4 @@
--- txhook schema, version 11 (PostgreSQL): a delivery that no relay will
+-- txhook schema, version 10 (PostgreSQL): a delivery that no relay will
 -- send ends in the dead-letter table, and Recover reads only its own
 -- tenant's unrouted events.
 --
@@ -41,7 +41,7 @@ CREATE INDEX IF NOT EXISTS txhook_events_unrouted_tenant ON txhook_events (tenan
 DROP INDEX IF EXISTS txhook_events_unrouted;
 CREATE INDEX IF NOT EXISTS txhook_dead_letters_refused ON txhook_dead_letters (endpoint_id) WHERE reason = 'refused';
 
-INSERT INTO txhook_migrations (version, name) VALUES (11, '011_refusals_recover');
+INSERT INTO txhook_migrations (version, name) VALUES (10, '010_refusals_recover');
 
 -- +goose Down
 DROP INDEX IF EXISTS txhook_dead_letters_refused;
@@ -49,4 +49,4 @@ CREATE INDEX IF NOT EXISTS txhook_events_unrouted ON txhook_events (dispatched_a
 DROP INDEX IF EXISTS txhook_events_unrouted_tenant;
 ALTER TABLE txhook_dead_letters DROP COLUMN IF EXISTS reason;
 ALTER TABLE txhook_deliveries DROP COLUMN IF EXISTS refused_since;
-DELETE FROM txhook_migrations WHERE version = 11;
+DELETE FROM txhook_migrations WHERE version = 10;
