@@ -1,5 +1,7 @@
 // Package dlq is the dead-letter table of a txhook outbox: deliveries that
-// used up every attempt, kept for operators to inspect, replay and purge.
+// used up every attempt, or that no relay would send (the target rules
+// refused their endpoint's URL for longer than RelayConfig.RefusedLimit:
+// Entry.Reason), kept for operators to inspect, replay and purge.
 //
 // A delivery lands here after its last attempt, in the same transaction
 // that records that attempt, so a failure is never silent. Replaying queues
@@ -64,10 +66,15 @@ type Filter struct {
 	EventType  string
 	Since      time.Time // failed at or after
 	Until      time.Time // failed before
+	// Reason is outbox.DeadReasonFailed or outbox.DeadReasonRefused: after
+	// fixing the target rules or an endpoint's URL, ReplayAll with
+	// DeadReasonRefused sends what they held back.
+	Reason string
 }
 
 func (f Filter) store() store.DeadFilter {
-	return store.DeadFilter{Tenant: f.Tenant, EndpointID: f.EndpointID, EventType: f.EventType, Since: f.Since, Until: f.Until}
+	return store.DeadFilter{Tenant: f.Tenant, EndpointID: f.EndpointID, EventType: f.EventType, Since: f.Since, Until: f.Until,
+		Reason: f.Reason}
 }
 
 // Entry is one dead letter.
@@ -81,6 +88,11 @@ type Entry struct {
 	LastStatus int // 0: no HTTP response
 	LastError  string
 	FailedAt   time.Time
+	// Reason is outbox.DeadReasonFailed (its attempts ran out) or
+	// outbox.DeadReasonRefused (the relays' target rules refused its
+	// endpoint's URL for longer than RelayConfig.RefusedLimit; LastError
+	// names the rule, and Attempts counts only the attempts made before).
+	Reason string
 }
 
 // Detail is a dead letter with its event payload and attempt log.
@@ -248,6 +260,9 @@ func (q *Queue) recordAll(ctx context.Context, action string, f Filter, n int) e
 	if f.EventType != "" {
 		d["event_type"] = f.EventType
 	}
+	if f.Reason != "" {
+		d["reason"] = f.Reason
+	}
 	if !f.Since.IsZero() {
 		d["since"] = f.Since.UTC()
 	}
@@ -259,7 +274,8 @@ func (q *Queue) recordAll(ctx context.Context, action string, f Filter, n int) e
 
 func entry(r store.DeadLetter) Entry {
 	return Entry{DeliveryID: r.DeliveryID, EventID: r.EventID, EventType: r.EventType, Tenant: r.Tenant,
-		EndpointID: r.EndpointID, Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, FailedAt: r.FailedAt}
+		EndpointID: r.EndpointID, Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, FailedAt: r.FailedAt,
+		Reason: r.Reason}
 }
 
 func encodeCursor(c store.DeadCursor) string {

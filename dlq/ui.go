@@ -292,18 +292,19 @@ func (u *ui) redirect(w http.ResponseWriter, r *http.Request, rel string) {
 
 func (u *ui) parse() error {
 	funcs := template.FuncMap{
-		"path":    u.path,
-		"time":    webui.Time,
-		"ago":     func(now, t time.Time) string { return ago(now, t) },
-		"dur":     webui.Duration,
-		"pct":     func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
-		"status":  webui.Status,
-		"plural":  plural,
-		"healthy": healthClass,
-		"list":    func(v ...any) []any { return v },
-		"span":    span,
-		"reason":  reason,
-		"portal":  u.portalLink,
+		"path":       u.path,
+		"time":       webui.Time,
+		"ago":        func(now, t time.Time) string { return ago(now, t) },
+		"dur":        webui.Duration,
+		"pct":        func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+		"status":     webui.Status,
+		"plural":     plural,
+		"healthy":    healthClass,
+		"list":       func(v ...any) []any { return v },
+		"span":       span,
+		"reason":     reason,
+		"deadReason": deadReason,
+		"portal":     u.portalLink,
 	}
 	u.pages = map[string]*template.Template{}
 	for _, name := range []string{"endpoints", "endpoint", "deliveries", "dead", "deadletter", "audit", "error"} {

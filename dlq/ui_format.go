@@ -54,6 +54,17 @@ func reason(status int, err string) string {
 	return webui.Status(status)
 }
 
+// deadReason names why a delivery was dead-lettered (Entry.Reason).
+func deadReason(r string) string {
+	switch r {
+	case outbox.DeadReasonRefused:
+		return "refused by target rules"
+	case outbox.DeadReasonFailed:
+		return "attempts failed"
+	}
+	return r
+}
+
 func plural(n int, word string) string {
 	if n == 1 {
 		return "1 " + word

@@ -315,12 +315,18 @@ func (u *ui) search(w http.ResponseWriter, r *http.Request) {
 
 // filterForm is a dead-letter filter as typed in the form.
 type filterForm struct {
-	Tenant, Endpoint, Type, Since, Until string
+	Tenant, Endpoint, Type, Since, Until, Reason string
+}
+
+// Reasons are the values of the form's reason filter.
+func (filterForm) Reasons() []string {
+	return []string{outbox.DeadReasonFailed, outbox.DeadReasonRefused}
 }
 
 func (f filterForm) values() url.Values {
 	v := url.Values{}
-	for k, s := range map[string]string{"tenant": f.Tenant, "endpoint": f.Endpoint, "type": f.Type, "since": f.Since, "until": f.Until} {
+	for k, s := range map[string]string{"tenant": f.Tenant, "endpoint": f.Endpoint, "type": f.Type, "since": f.Since, "until": f.Until,
+		"reason": f.Reason} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -344,12 +350,27 @@ func parseTime(s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("unreadable time %q", s)
 }
 
+// errBadReason: the form's reason is none of filterForm.Reasons.
+var errBadReason = errors.New("unknown reason")
+
+// filterProblem is what the UI says of readFilter's error.
+func filterProblem(err error) string {
+	if errors.Is(err, errBadReason) {
+		return "The reason is failed or refused."
+	}
+	return "Times are UTC, as 2026-11-30T12:00."
+}
+
 func readFilter(v url.Values) (filterForm, Filter, error) {
 	ff := filterForm{
 		Tenant: strings.TrimSpace(v.Get("tenant")), Endpoint: strings.TrimSpace(v.Get("endpoint")),
 		Type: strings.TrimSpace(v.Get("type")), Since: strings.TrimSpace(v.Get("since")), Until: strings.TrimSpace(v.Get("until")),
+		Reason: strings.TrimSpace(v.Get("reason")),
 	}
-	f := Filter{Tenant: ff.Tenant, EndpointID: ff.Endpoint, EventType: ff.Type}
+	f := Filter{Tenant: ff.Tenant, EndpointID: ff.Endpoint, EventType: ff.Type, Reason: ff.Reason}
+	if ff.Reason != "" && !slices.Contains(ff.Reasons(), ff.Reason) {
+		return ff, f, errBadReason
+	}
 	var err error
 	if ff.Since != "" {
 		if f.Since, err = parseTime(ff.Since); err != nil {
@@ -377,7 +398,7 @@ func (u *ui) deadList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	ff, f, err := readFilter(q)
 	if err != nil {
-		u.fail(w, r, http.StatusBadRequest, "Times are UTC, as 2026-11-30T12:00.")
+		u.fail(w, r, http.StatusBadRequest, filterProblem(err))
 		return
 	}
 	ff.Tenant = u.tenantFilter(r)
@@ -532,7 +553,7 @@ func (u *ui) deadAction(w http.ResponseWriter, r *http.Request) {
 func (u *ui) deadAll(w http.ResponseWriter, r *http.Request) {
 	ff, f, err := readFilter(r.PostForm)
 	if err != nil {
-		u.fail(w, r, http.StatusBadRequest, "Times are UTC, as 2026-11-30T12:00.")
+		u.fail(w, r, http.StatusBadRequest, filterProblem(err))
 		return
 	}
 	ff.Tenant = u.tenantFilter(r)

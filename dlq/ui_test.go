@@ -532,3 +532,47 @@ func hasCookie(c *http.Client, rawURL, name string) bool {
 	}
 	return false
 }
+
+// Dead letters of deliveries the target rules refused too long are shown
+// as such (a column and a badge, the detail page says what to fix), can
+// be listed and replayed by reason, and an unknown reason is a 400.
+func TestUIShowsRefusedDeadLetters(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		s := seed(t, db, "/", false)
+		refused := s.deadLetterAs(s.acme, "evt_refused", "payment.failed", s.base.Add(10*time.Minute), 0,
+			"not sent, no attempt spent: relay r1 refuses the endpoint by its target rules: txhook: loopback target refused: 127.0.0.1", "")
+		since := s.base.Add(-time.Hour)
+		if _, err := s.db.ExecContext(s.ctx, s.rebind(`UPDATE txhook_dead_letters SET reason = 'refused' WHERE delivery_id = ?`), refused); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.db.ExecContext(s.ctx, s.rebind(`UPDATE txhook_deliveries SET refused_since = ? WHERE id = ?`), s.ts(since), refused); err != nil {
+			t.Fatal(err)
+		}
+
+		page := s.get("dead?reason=refused")
+		if !strings.Contains(page, "1 matching") || !strings.Contains(page, "evt_refused") || strings.Contains(page, "evt_0<") ||
+			!strings.Contains(page, "refused by target rules") {
+			t.Errorf("refused dead letters:\n%s", page)
+		}
+		page = s.get("dead?reason=failed")
+		if !strings.Contains(page, "5 matching") || strings.Contains(page, "evt_refused") {
+			t.Errorf("failed dead letters:\n%s", page)
+		}
+		if res, _ := s.do("GET", "dead?reason=bored", nil, true); res.StatusCode != http.StatusBadRequest {
+			t.Errorf("unknown reason: %d", res.StatusCode)
+		}
+		if page := s.get("dead/" + strconv.FormatInt(refused, 10)); !strings.Contains(page, "Fix the rules or the URL, then replay") {
+			t.Errorf("refused dead letter's page:\n%s", page)
+		}
+		if page := s.get("deliveries?event_id=evt_refused"); !strings.Contains(page, "refused by target rules since") {
+			t.Errorf("refused delivery:\n%s", page)
+		}
+
+		// Replay all refused: only that one.
+		pending := func() int { return s.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending'") }
+		loc := s.post("dead/replay-all", url.Values{"reason": {"refused"}, "confirm": {"yes"}})
+		if !strings.Contains(loc, "n=1") || pending() != 1 || s.count("SELECT count(*) FROM txhook_dead_letters WHERE reason = 'failed'") != 5 {
+			t.Errorf("replay all refused redirects to %q; %d pending", loc, pending())
+		}
+	})
+}

@@ -56,3 +56,16 @@ func (o *Outbox) DeadLetterCounts(ctx context.Context) (map[string]int, error) {
 	}
 	return m, nil
 }
+
+// RefusedDeadLetterCounts counts, per endpoint ID, the dead letters among
+// DeadLetterCounts' whose reason is DeadReasonRefused: deliveries no relay
+// would send, their endpoint's URL refused by the target rules for longer
+// than RelayConfig.RefusedLimit. Endpoints with none are absent. One
+// grouped count on a partial index.
+func (o *Outbox) RefusedDeadLetterCounts(ctx context.Context) (map[string]int, error) {
+	m, err := o.st.RefusedDeadLettersByEndpoint(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("txhook: refused dead letter counts: %w", err)
+	}
+	return m, nil
+}

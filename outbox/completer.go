@@ -353,6 +353,11 @@ func (c *completer) flush(ctx context.Context, batch []outcome) ([]outcome, erro
 			left = append(left, x)
 			continue
 		}
+		if res.RefusedDead[i] {
+			// Refused for longer than RefusedLimit: the database wrote a
+			// dead letter instead of handing it back.
+			x.State = store.StateDead
+		}
 		if cause, ok := res.Substituted[i]; ok {
 			r.log.Warn("txhook: the database refused a delivery outcome; stored it without the receiver's text",
 				"delivery", x.ID, "event", x.eventID, "attempt", x.Attempt, "endpoint", x.endpointID, "tenant", x.tenant, "error", cause)
@@ -385,6 +390,11 @@ func (c *completer) report(ctx context.Context, batch []outcome) {
 		case x.State == store.StateSucceeded:
 			r.stats.succeeded.Add(1)
 			outcome = OutcomeSucceeded
+		case x.State == store.StateDead && x.refused:
+			r.stats.dead.Add(1)
+			r.stats.refusedDead.Add(1)
+			r.deadLettered(x)
+			outcome = OutcomeDeadLetteredRefused
 		case x.State == store.StateDead:
 			r.stats.dead.Add(1)
 			r.deadLettered(x)
@@ -403,6 +413,10 @@ func (c *completer) report(ctx context.Context, batch []outcome) {
 			var rec store.AttemptRecord
 			if n := len(x.Records); n > 0 {
 				rec = x.Records[n-1]
+			}
+			if x.refused {
+				// No request: the notice carries the refusal.
+				rec = store.AttemptRecord{Attempt: x.Attempts, Error: x.Error}
 			}
 			r.cfg.OnAttempt(AttemptNotice{
 				DeliveryID: x.ID, EventID: x.eventID, EventType: x.eventType, Tenant: x.tenant,
@@ -540,6 +554,20 @@ func (c *completer) disabled(id, tenant string, since time.Time, reason string, 
 // before it has succeeded or been dead-lettered.
 func (c *completer) unblock(ctx context.Context, batch []outcome) {
 	var pairs []store.OrderedPair
+	var refused []store.RefusedLine
+	for i := range batch {
+		x := &batch[i]
+		if x.orderingKey != "" && x.written && x.refused && x.State == store.StateDead {
+			refused = append(refused, store.RefusedLine{ID: x.ID, EndpointID: x.endpointID, Key: x.orderingKey})
+		}
+	}
+	if len(refused) > 0 {
+		// Before the unblocking, so that the next delivery of the line is
+		// refused since when this one was.
+		if _, err := c.r.st.CarryRefusal(ctx, refused); err != nil {
+			c.r.log.Warn("txhook: carrying a refusal along an ordered line failed; its next delivery waits RefusedLimit of its own", "error", err)
+		}
+	}
 	for i := range batch {
 		x := &batch[i]
 		if x.orderingKey != "" && x.written && (x.State == store.StateSucceeded || x.State == store.StateDead) {

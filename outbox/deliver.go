@@ -224,12 +224,20 @@ func (r *Relay) leaseEnd(j *job) time.Time {
 }
 
 func (r *Relay) deadLettered(x *outcome) {
-	r.log.Warn("txhook: delivery dead-lettered after its last attempt", "event", x.eventID, "type", x.eventType,
-		"tenant", x.tenant, "endpoint", x.endpointID, "attempts", x.Attempts, "status", x.Status, "error", x.Error)
+	reason := DeadReasonFailed
+	if x.refused {
+		reason = DeadReasonRefused
+		r.log.Warn("txhook: delivery dead-lettered: the target rules refused its endpoint for longer than RefusedLimit and no relay sent to it meanwhile; replay it once the rules or the URL are fixed",
+			"event", x.eventID, "type", x.eventType, "tenant", x.tenant, "endpoint", x.endpointID,
+			"refused_limit", r.cfg.RefusedLimit, "error", x.Error)
+	} else {
+		r.log.Warn("txhook: delivery dead-lettered after its last attempt", "event", x.eventID, "type", x.eventType,
+			"tenant", x.tenant, "endpoint", x.endpointID, "attempts", x.Attempts, "status", x.Status, "error", x.Error)
+	}
 	if r.cfg.OnDeadLetter != nil {
 		r.cfg.OnDeadLetter(DeadLetterNotice{
 			DeliveryID: x.ID, EventID: x.eventID, EventType: x.eventType, Tenant: x.tenant,
-			EndpointID: x.endpointID, Attempts: x.Attempts, LastStatus: x.Status, LastError: x.Error,
+			EndpointID: x.endpointID, Attempts: x.Attempts, LastStatus: x.Status, LastError: x.Error, Reason: reason,
 		})
 	}
 }

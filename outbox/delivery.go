@@ -13,7 +13,7 @@ const (
 	StatePending   = "pending"   // waiting for its next attempt
 	StateRunning   = "running"   // claimed by a relay, under a lease
 	StateSucceeded = "succeeded" // a 2xx was received
-	StateDead      = "dead"      // attempts exhausted; in the dead-letter table
+	StateDead      = "dead"      // attempts exhausted, or refused too long (RefusedSince); in the dead-letter table
 	StatePaused    = "paused"    // its endpoint is disabled
 	StateBlocked   = "blocked"   // an earlier event of its ordering key goes first
 )
@@ -31,6 +31,12 @@ type Delivery struct {
 	LastError     string
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// RefusedSince is when the relays' target rules began refusing its
+	// endpoint's URL (see Config.AllowHTTP), zero when they do not: while
+	// it is pending, the delivery waits for a relay whose rules allow the
+	// URL, spending no attempt; dead, it was dead-lettered for it
+	// (DeadReasonRefused, see RelayConfig.RefusedLimit).
+	RefusedSince time.Time
 }
 
 // Attempt is one recorded attempt of a delivery.
@@ -72,9 +78,7 @@ func (o *Outbox) EventDeliveries(ctx context.Context, eventID string) ([]Deliver
 	}
 	out := make([]Delivery, len(rows))
 	for i, r := range rows {
-		out[i] = Delivery{ID: r.ID, EventID: r.EventID, EndpointID: r.EndpointID, State: r.State, Attempts: r.Attempts,
-			NextAttemptAt: r.NextAttemptAt, LastStatus: r.LastStatus, LastError: r.LastError,
-			CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+		out[i] = deliveryOf(r)
 	}
 	return out, nil
 }

@@ -22,7 +22,9 @@
 // HTTP client that refuses private and metadata addresses at connect time,
 // and records every attempt. A failed attempt is retried on the schedule of
 // package retry; after the last one the delivery moves to the dead-letter
-// table (package dlq) in the same transaction that records that attempt.
+// table (package dlq) in the same transaction that records that attempt;
+// so does one whose endpoint URL the target rules refused, unsent, for
+// RelayConfig.RefusedLimit while no relay sent to the endpoint.
 // A relay that dies leaves its deliveries to others when their leases
 // expire: every event ends up delivered or dead-lettered, never silently
 // dropped. Delivery is at least once; receivers deduplicate on the event ID,

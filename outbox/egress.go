@@ -68,11 +68,14 @@ func refusedByRules(res safehttp.Result, rawURL string) bool {
 
 // refuse hands a delivery back without spending its attempt, due in
 // RefusedRetryDelay, with why this relay refused it as its last error: a
-// relay whose rules allow the endpoint may deliver it.
+// relay whose rules allow the endpoint may deliver it. The database
+// dead-letters it instead once it has been refused for RefusedLimit with
+// no attempt to its endpoint meanwhile (see RelayConfig.RefusedLimit).
 func (r *Relay) refuse(out outcome, now time.Time, endpointID string, err error) outcome {
 	msg := store.CleanError("not sent, no attempt spent: relay " + r.cfg.ID + " refuses the endpoint by its target rules: " + explainTarget(err).Error())
 	out = releaseOutcome(out, now.Add(RefusedRetryDelay))
 	out.Record, out.Status, out.Error, out.refused = true, 0, msg, true
+	out.Refused, out.RefusedLimit = true, max(r.cfg.RefusedLimit, 0)
 	if r.refusals.due(endpointID, time.Now()) {
 		r.log.Warn("txhook: endpoint refused by this relay's target rules; its deliveries wait for a relay that allows it",
 			"endpoint", endpointID, "error", msg)

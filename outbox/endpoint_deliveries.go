@@ -55,7 +55,7 @@ func (o *Outbox) EndpointDeliveries(ctx context.Context, endpointID, cursor stri
 func deliveryOf(r store.DeliveryRow) Delivery {
 	return Delivery{ID: r.ID, EventID: r.EventID, EndpointID: r.EndpointID, State: r.State, Attempts: r.Attempts,
 		NextAttemptAt: r.NextAttemptAt, LastStatus: r.LastStatus, LastError: r.LastError,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RefusedSince: r.RefusedSince}
 }
 
 func encodeDeliveryCursor(c store.DeliveryCursor) string {

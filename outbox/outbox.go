@@ -75,10 +75,12 @@ type Config struct {
 	// due again in RefusedRetryDelay (for any relay: one whose rules allow
 	// the endpoint delivers it), with a last error that names the rule
 	// and the field that sets it, logs a warning (once a minute per
-	// endpoint) and counts it in RelayStats.Refused. Such a delivery never
-	// dead-letters while it is refused: change the rules, or the
-	// endpoint's URL, or disable the endpoint. A host name that resolves,
-	// when the relay connects, to an address its rules forbid is an
+	// endpoint) and counts it in RelayStats.Refused. Once a delivery has
+	// been refused for RelayConfig.RefusedLimit (by default the span of
+	// the retry schedule) with no attempt to its endpoint by any relay
+	// meanwhile, it is dead-lettered with reason DeadReasonRefused; replay
+	// it once the rules or the endpoint's URL are fixed. A host name that
+	// resolves, when the relay connects, to an address its rules forbid is an
 	// ordinary failed attempt, retried and in the end dead-lettered: DNS
 	// changes, and a name that turns private after registration may be
 	// DNS rebinding. So is a redirect to a refused target.

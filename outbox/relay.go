@@ -79,6 +79,7 @@ type Relay struct {
 
 type relayCounters struct {
 	claimed, succeeded, failed, dead, released, refused, lost atomic.Uint64
+	refusedDead                                               atomic.Uint64
 	polls, emptyPolls                                         atomic.Uint64
 }
 
@@ -93,6 +94,10 @@ type RelayStats struct {
 	// target rules (Config.AllowHTTP, AllowPrivateTargets, AllowedTargets)
 	// refuse the endpoint: see Config.
 	Refused uint64
+	// DeadLetteredRefused counts the deliveries among DeadLettered that
+	// were dead-lettered because the target rules refused their endpoint
+	// for longer than RefusedLimit (reason DeadReasonRefused).
+	DeadLetteredRefused uint64
 	// LeaseLost counts outcomes not written: another relay took the
 	// delivery over, or the write kept failing until the lease ended (or
 	// the relay stopped), so the next holder records the attempt as lapsed.
@@ -119,7 +124,8 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
 		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), Refused: r.stats.refused.Load(),
-		LeaseLost: r.stats.lost.Load(), Polls: r.stats.polls.Load(), EmptyPolls: r.stats.emptyPolls.Load(),
+		DeadLetteredRefused: r.stats.refusedDead.Load(),
+		LeaseLost:           r.stats.lost.Load(), Polls: r.stats.polls.Load(), EmptyPolls: r.stats.emptyPolls.Load(),
 		InFlight: inFlight, Waiting: waiting,
 	}
 }

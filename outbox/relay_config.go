@@ -14,6 +14,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/txhook/txhook/internal/store"
 	"github.com/txhook/txhook/retry"
 	"github.com/txhook/txhook/signer"
 )
@@ -107,6 +108,32 @@ type RelayConfig struct {
 	// disables.
 	DisableAfter time.Duration
 
+	// RefusedLimit bounds how long a delivery waits while the target rules
+	// refuse its endpoint's URL itself (see Config.AllowHTTP). Each relay
+	// whose rules refuse the URL hands the delivery back without spending
+	// an attempt, as any relay whose rules allow it may send it; the
+	// delivery records, by the database's clock, when the refusals began,
+	// and any attempt by any relay ends them. A refusal recorded once
+	// they began RefusedLimit ago, when no relay has started an attempt
+	// to the endpoint in that time either, dead-letters the delivery
+	// instead, with reason DeadReasonRefused: shown as refused by the
+	// dlq package and its UI, the portal and the metrics, counted in
+	// RelayStats.DeadLetteredRefused, told to OnDeadLetter, and replayable
+	// (dlq) once the rules or the URL are fixed.
+	//
+	// With relays whose rules differ, a delivery is dead-lettered only
+	// when neither it nor any other delivery to its endpoint was sent for
+	// RefusedLimit: a relay that allows the URL claims its deliveries like
+	// any other relay (every refusal makes the delivery due again, for
+	// every relay, in RefusedRetryDelay), and each of its attempts to the
+	// endpoint keeps the refusing relays from dead-lettering. Each relay
+	// applies its own RefusedLimit to the refusals it records. Default:
+	// the span of Retry, from the first attempt to the last without jitter
+	// (24 hours for retry.Default), so a delivery nobody will send is
+	// dead-lettered about when one that keeps failing would be; negative
+	// never dead-letters a refused delivery.
+	RefusedLimit time.Duration
+
 	// DisableOnGone disables an endpoint at once when it answers 410 Gone,
 	// the Standard Webhooks signal that the receiver wants no more events,
 	// unless a later attempt succeeded.
@@ -187,6 +214,23 @@ const (
 	OutcomeSucceeded    = "succeeded"     // 2xx
 	OutcomeRetry        = "retry"         // failed; another attempt is scheduled
 	OutcomeDeadLettered = "dead_lettered" // failed; no attempt left
+	// OutcomeDeadLetteredRefused: dead-lettered without a request, the
+	// target rules having refused the endpoint's URL for longer than
+	// RelayConfig.RefusedLimit. The refusals before it are not attempts
+	// and are not reported.
+	OutcomeDeadLetteredRefused = "dead_lettered_refused"
+)
+
+// Why a delivery was dead-lettered: DeadLetterNotice.Reason, and the
+// Reason of the dlq package's entries.
+const (
+	// DeadReasonFailed: its attempts ran out, or it failed in a way no
+	// retry mends (its endpoint was deleted, say).
+	DeadReasonFailed = store.DeadReasonFailed
+	// DeadReasonRefused: the target rules refused its endpoint's URL for
+	// longer than RelayConfig.RefusedLimit, and no relay sent to the
+	// endpoint meanwhile.
+	DeadReasonRefused = store.DeadReasonRefused
 )
 
 // AttemptNotice describes one recorded attempt.
@@ -197,13 +241,13 @@ type AttemptNotice struct {
 	Tenant     string
 	EndpointID string
 	Attempt    int
-	Outcome    string // OutcomeSucceeded, OutcomeRetry or OutcomeDeadLettered
+	Outcome    string // OutcomeSucceeded, OutcomeRetry, OutcomeDeadLettered or OutcomeDeadLetteredRefused
 	Status     int    // 0: no HTTP response
 	Duration   time.Duration
 	Error      string // "" on success
 }
 
-// DeadLetterNotice describes a delivery that exhausted its attempts.
+// DeadLetterNotice describes a delivery that was dead-lettered.
 type DeadLetterNotice struct {
 	DeliveryID int64
 	EventID    string
@@ -213,6 +257,10 @@ type DeadLetterNotice struct {
 	Attempts   int
 	LastStatus int
 	LastError  string
+	// Reason is DeadReasonFailed (its attempts ran out) or
+	// DeadReasonRefused (the target rules refused its endpoint for longer
+	// than RefusedLimit; LastError names the rule).
+	Reason string
 }
 
 // Defaults.
@@ -260,6 +308,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	setDefault(&c.MaxResponseBytes, DefaultMaxResponse)
 	setDefault(&c.MaxRetryAfter, DefaultMaxRetryAfter)
 	setDefault(&c.DisableAfter, DefaultDisableAfter)
+	if c.RefusedLimit == 0 {
+		c.RefusedLimit = retry.Span(c.Retry)
+	}
 	c.Retention = c.Retention.withDefaults()
 	setDefault(&c.BreakerThreshold, DefaultBreakerThreshold)
 	if c.BreakerCooldown <= 0 {

@@ -141,12 +141,19 @@ func (o *Outbox) Prune(ctx context.Context, r Retention) (Pruned, error) {
 			break
 		}
 	}
-	err := loop(func() (int, error) {
-		n, err := o.st.PruneEvents(ctx, cut, r.BatchSize)
+	// Unrouted events: one walk over the tenants (see store.PruneEvents).
+	var events store.EventsWalk
+	for range maxPruneBatches {
+		n, err := o.st.PruneEvents(ctx, cut, r.BatchSize, &events)
 		p.Events += n
-		return n, err
-	})
-	return p, err
+		if err != nil {
+			return p, fmt.Errorf("txhook: prune: %w", err)
+		}
+		if events.Done {
+			break
+		}
+	}
+	return p, nil
 }
 
 // sweepInterval is how often a relay looks for ordered deliveries left

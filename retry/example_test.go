@@ -76,3 +76,17 @@ func ExampleWithRetryAfter() {
 	// "86400" -> 1h0m0s
 	// "Sun, 01 Mar 2026 12:05:00 GMT" -> 5m0s
 }
+
+// Span is how long a policy keeps a failing delivery before it is
+// dead-lettered, without jitter: what a relay waits by default before it
+// dead-letters a delivery that the target rules refuse
+// (outbox.RelayConfig.RefusedLimit).
+func ExampleSpan() {
+	fmt.Println(retry.Span(retry.Default()))
+	fmt.Println(retry.Span(retry.Intervals(time.Second, 5*time.Second, 30*time.Second)))
+	fmt.Println(retry.Span(retry.Exponential{Base: time.Minute, Cap: time.Hour, Attempts: 10}))
+	// Output:
+	// 24h0m0s
+	// 36s
+	// 4h3m0s
+}

@@ -92,3 +92,42 @@ func durationOf(f float64) time.Duration {
 	}
 	return time.Duration(f)
 }
+
+// Span returns how long p takes from its first attempt to its last when
+// every attempt fails: the sum of the delays between them, without jitter
+// for a Schedule or an Exponential (a Schedule's last offset), as Next
+// returns them for any other Policy (which may implement Span()
+// time.Duration itself). It saturates at the largest Duration, and adds
+// at most the first 10,000 delays.
+func Span(p Policy) time.Duration {
+	switch x := p.(type) {
+	case interface{ Span() time.Duration }:
+		return x.Span()
+	case Schedule:
+		x.Jitter = 0
+		p = x
+	case *Schedule:
+		c := *x
+		c.Jitter = 0
+		p = c
+	case Exponential:
+		x.Jitter = 0
+		p = x
+	case *Exponential:
+		c := *x
+		c.Jitter = 0
+		p = c
+	}
+	var total time.Duration
+	for n := 1; n < min(p.MaxAttempts(), 10001); n++ {
+		d, ok := p.Next(n)
+		if !ok {
+			break
+		}
+		if d > 0 && total > math.MaxInt64-d {
+			return math.MaxInt64
+		}
+		total += max(d, 0)
+	}
+	return total
+}

@@ -354,3 +354,39 @@ func TestConcurrentNext(t *testing.T) {
 		})
 	}
 }
+
+// Span is the schedule without its jitter: the source's 24 hours for
+// Default, the sum of the capped delays for an Exponential, the drawn
+// delays for any other policy.
+func TestSpan(t *testing.T) {
+	if got := retry.Span(retry.Default()); got != 24*time.Hour {
+		t.Errorf("retry.Span(retry.Default()) = %v, want 24h", got)
+	}
+	d := retry.Default()
+	if got := retry.Span(&d); got != 24*time.Hour {
+		t.Errorf("retry.Span(&retry.Default()) = %v, want 24h", got)
+	}
+	e := retry.Exponential{Base: time.Second, Factor: 2, Cap: 5 * time.Second, Attempts: 5, Jitter: 0.5}
+	if got, want := retry.Span(e), (1+2+4+5)*time.Second; got != want {
+		t.Errorf("retry.Span(%+v) = %v, want %v", e, got, want)
+	}
+	if got := retry.Span(retry.Schedule{Offsets: []time.Duration{0}}); got != 0 {
+		t.Errorf("Span of one attempt = %v, want 0", got)
+	}
+	huge := retry.Exponential{Base: time.Hour, Factor: 10, Attempts: 100}
+	if got := retry.Span(huge); got != math.MaxInt64 {
+		t.Errorf("retry.Span(%+v) = %v, want the largest Duration", huge, got)
+	}
+	if got := retry.Span(everyD{3 * time.Minute, 4}); got != 9*time.Minute {
+		t.Errorf("retry.Span(everyD) = %v, want 9m", got)
+	}
+}
+
+// everyD is a Policy of n attempts d apart.
+type everyD struct {
+	d time.Duration
+	n int
+}
+
+func (f everyD) Next(attempt int) (time.Duration, bool) { return f.d, attempt >= 1 && attempt < f.n }
+func (f everyD) MaxAttempts() int                       { return f.n }

@@ -43,6 +43,11 @@
 //     alternating rounds, on PostgreSQL (pgx), or SQLite without the DSN;
 //     and the cost of one decryption.
 //   - signer: signing and verification micro-benchmarks.
+//   - recover: Outbox.Recover of one endpoint beside -recover-rows events
+//     (and half as many deliveries) of -recover-tenants other tenants, with
+//     the index of unrouted events by tenant (migration 010) against the
+//     index of migration 009, alternating, with both plans; and the WAL
+//     each index costs an event dispatched to no endpoint.
 //   - relays: 1, 2 and 4 relay processes (this program in relay mode) on
 //     one PostgreSQL cluster of their own (internal/pgcluster, Production
 //     settings and pg_stat_statements; needs the server binaries, not the
@@ -87,7 +92,7 @@ import (
 const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
 
 // allParts lists the parts in the order they run.
-var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "partition", "sqlite", "secrets", "signer", "relays"}
+var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "recover", "partition", "sqlite", "secrets", "signer", "relays"}
 
 // config holds every knob of a run; defaults are the published settings.
 type config struct {
@@ -120,6 +125,12 @@ type config struct {
 	ClaimSamples int
 	RSSEvents    int // events the separate relay process drains; 0 skips the RSS measure
 	RSSTimeout   time.Duration
+
+	RecoverRows    int // other tenants' events beside the recovering one's
+	RecoverTenants int
+	RecoverRounds  int
+	// RecoverWALEvents are the unrouted events whose WAL is measured.
+	RecoverWALEvents int
 
 	PartitionRows int // rows retained and pruned (a third each events, deliveries, attempts)
 	PartitionDays int // days they span, one partition a day
@@ -171,6 +182,10 @@ func defaultConfig() config {
 		ClaimSamples:     25,
 		RSSEvents:        1000000,
 		RSSTimeout:       6 * time.Minute,
+		RecoverRows:      1000000,
+		RecoverTenants:   1000,
+		RecoverRounds:    3,
+		RecoverWALEvents: 20000,
 		PartitionRows:    10000000,
 		PartitionDays:    10,
 		SQLiteEvents:     20000,
@@ -225,6 +240,10 @@ func main() {
 	flag.IntVar(&cfg.ClaimSamples, "claim-samples", cfg.ClaimSamples, "backlog: timed claim batches per statement and size")
 	flag.IntVar(&cfg.RSSEvents, "rss-events", cfg.RSSEvents, "backlog: events the separate relay drains while its RSS is sampled (0: skip)")
 	flag.DurationVar(&cfg.RSSTimeout, "rss-timeout", cfg.RSSTimeout, "backlog: longest the RSS drain may run")
+	flag.IntVar(&cfg.RecoverRows, "recover-rows", cfg.RecoverRows, "recover: events of other tenants (half unrouted, half with a delivery)")
+	flag.IntVar(&cfg.RecoverTenants, "recover-tenants", cfg.RecoverTenants, "recover: other tenants the rows belong to")
+	flag.IntVar(&cfg.RecoverWALEvents, "recover-wal-events", cfg.RecoverWALEvents, "recover: unrouted events whose WAL each index costs")
+	flag.IntVar(&cfg.RecoverRounds, "recover-rounds", cfg.RecoverRounds, "recover: rounds per index (alternating)")
 	flag.IntVar(&cfg.PartitionRows, "partition-rows", cfg.PartitionRows, "partition: rows retained then pruned, a third each in events, deliveries and attempts")
 	flag.IntVar(&cfg.PartitionDays, "partition-days", cfg.PartitionDays, "partition: days the rows span (one partition a day)")
 	flag.IntVar(&cfg.SQLiteEvents, "sqlite-events", cfg.SQLiteEvents, "sqlite: backlog size")
@@ -320,7 +339,7 @@ func main() {
 
 // needsPostgres reports whether cfg names a part that runs on PostgreSQL.
 func needsPostgres(cfg config) bool {
-	for _, p := range []string{"enqueue", "drain", "latency", "fairness", "backlog", "secrets"} {
+	for _, p := range []string{"enqueue", "drain", "latency", "fairness", "backlog", "recover", "secrets"} {
 		if cfg.has(p) {
 			return true
 		}
@@ -385,6 +404,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 		{"latency", true, func() error { return partLatency(ctx, cfg, rep, p, rcv) }},
 		{"fairness", true, func() error { return partFairness(ctx, cfg, rep, p, rcv) }},
 		{"backlog", true, func() error { return partBacklog(ctx, cfg, rep, p, rcv) }},
+		{"recover", true, func() error { return partRecover(ctx, cfg, rep, p) }},
 		{"partition", false, func() error { return partPartition(ctx, cfg, rep, p) }},
 		{"sqlite", false, func() error { return partSQLite(ctx, cfg, rep, p, rcv) }},
 		{"secrets", false, func() error { return partSecrets(ctx, cfg, rep, p, rcv) }},

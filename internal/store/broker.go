@@ -256,10 +256,16 @@ func (s *Store) BrokerCompleteQueries() []string {
 }
 
 // brokerBatch writes cs all or nothing; see BrokerComplete.
-func (s *Store) brokerBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
+func (s *Store) brokerBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, map[int]bool, error) {
 	if s.Dialect != Postgres {
-		return s.sqliteBrokerBatch(ctx, owner, now, cs)
+		written, err := s.sqliteBrokerBatch(ctx, owner, now, cs)
+		return written, nil, err
 	}
+	written, err := s.pgBrokerBatch(ctx, owner, now, cs)
+	return written, nil, err
+}
+
+func (s *Store) pgBrokerBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
 	rows := make([]pgBrokerRow, len(cs))
 	var atts []pgBrokerAttempt
 	for k, c := range cs {

@@ -50,11 +50,33 @@ type Completion struct {
 	// Records are attempt log rows to insert with this completion.
 	Records []AttemptRecord
 
+	// Refused marks a delivery handed back unspent (State pending)
+	// because the relay's target rules refuse its endpoint's URL. The
+	// write starts the delivery's refusal (refused_since, by the
+	// database's clock) unless one is under way; a completion that spends
+	// an attempt ends it. When RefusedLimit is positive, the refusal began
+	// at least RefusedLimit ago and no attempt to the endpoint by any
+	// relay started in that time (its last_success_at and
+	// last_failure_at), the write dead-letters the delivery instead, with
+	// reason DeadReasonRefused, and Complete reports it in RefusedDead.
+	Refused      bool
+	RefusedLimit time.Duration
+
 	// Base is, for a delivery a broker holds (BrokerComplete), the number
 	// of attempts its row had recorded when the broker's message was sent:
 	// the fencing token, as Attempt is the relay's.
 	Base int
 }
+
+// Why a delivery was dead-lettered: txhook_dead_letters.reason.
+const (
+	// DeadReasonFailed: its attempts ran out, or it failed in a way no
+	// retry mends.
+	DeadReasonFailed = "failed"
+	// DeadReasonRefused: the relays' target rules refused its endpoint's
+	// URL for longer than the refusing relay's limit (Completion.Refused).
+	DeadReasonRefused = "refused"
+)
 
 // AttemptRecord is one row of the attempt log.
 type AttemptRecord struct {
@@ -98,14 +120,21 @@ const InlineSlack = time.Second
 // written in the delivery's row (ok_started_at, ok_duration_us,
 // ok_excerpt; see InlineAttempt), not as an attempt row. Rows whose lease was taken over (the
 // fencing condition fails) are left alone and their records dropped.
+//
+// refused_us is set only for a refusal (Completion.Refused): its
+// RefusedLimit in microseconds, 0 for none. pgRefusedTooLong decides, by
+// the database's clock, whether the refusal dead-letters the delivery.
 const pgComplete = `WITH c AS (
     SELECT * FROM json_to_recordset($1::json) AS x(id bigint, attempt int, state text, attempts int,
         next_at timestamptz, record boolean, status int, error text,
-        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text)
+        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, refused_us bigint)
     WHERE {{async}}
 ), upd AS (
     UPDATE txhook_deliveries d
-    SET state = c.state, attempts = c.attempts, next_attempt_at = COALESCE(c.next_at, d.next_attempt_at),
+    SET state = CASE WHEN c.refused_us > 0 AND ` + pgRefusedTooLong + ` THEN 'dead' ELSE c.state END,
+        attempts = c.attempts, next_attempt_at = COALESCE(c.next_at, d.next_attempt_at),
+        refused_since = CASE WHEN c.refused_us IS NOT NULL THEN COALESCE(d.refused_since, now())
+                             WHEN c.attempts >= c.attempt THEN NULL ELSE d.refused_since END,
         lease_owner = NULL,
         ok_started_at = COALESCE(c.ok_started_at, d.ok_started_at),
         ok_duration_us = CASE WHEN c.ok_started_at IS NULL THEN d.ok_duration_us ELSE c.ok_duration_us END,
@@ -116,7 +145,8 @@ const pgComplete = `WITH c AS (
     FROM c
     WHERE d.id = c.id AND d.id = ANY (ARRAY(SELECT id FROM c))
       AND d.state = 'running' AND d.lease_owner = $2 AND d.attempts = c.attempt
-    RETURNING d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.last_status, d.last_error, c.attempt
+    RETURNING d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.last_status, d.last_error, c.attempt,
+              c.refused_us IS NOT NULL AS refused
 ), att AS (
     INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
     SELECT a.delivery_id, upd.endpoint_id, a.attempt, a.started_at, a.duration_us, a.status,
@@ -125,16 +155,28 @@ const pgComplete = `WITH c AS (
         duration_us bigint, status int, excerpt text, error text)
     JOIN upd ON upd.id = a.delivery_id
 ), dead AS (
-    INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at)
-    SELECT upd.id, upd.event_id, upd.endpoint_id, e.tenant, e.type, upd.attempts, upd.last_status, upd.last_error, $3
+    INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at, reason)
+    SELECT upd.id, upd.event_id, upd.endpoint_id, e.tenant, e.type, upd.attempts, upd.last_status, upd.last_error, $3,
+           CASE WHEN upd.refused THEN '` + DeadReasonRefused + `' ELSE '` + DeadReasonFailed + `' END
     FROM upd JOIN txhook_events e ON e.id = upd.event_id
     WHERE upd.state = 'dead'
     ON CONFLICT (delivery_id) DO NOTHING
 )
-SELECT id, attempt FROM upd`
+SELECT id, attempt, refused AND state = 'dead' FROM upd`
+
+// pgRefusedTooLong is the condition, on delivery d of a completion c that
+// records a refusal, that the refusal has lasted c.refused_us
+// microseconds by the database's clock and that no relay started an
+// attempt to the endpoint in that time: relays whose rules allow the URL
+// would have, as they claim the same deliveries (see
+// outbox.RelayConfig.RefusedLimit).
+const pgRefusedTooLong = `d.refused_since <= now() - c.refused_us * interval '1 microsecond'
+        AND NOT EXISTS (SELECT 1 FROM txhook_endpoints ep WHERE ep.id = d.endpoint_id
+            AND GREATEST(ep.last_success_at, ep.last_failure_at) > now() - c.refused_us * interval '1 microsecond')`
 
 const sqliteCompleteUpdate = `UPDATE txhook_deliveries
 SET state = ?, attempts = ?, next_attempt_at = COALESCE(?, next_attempt_at), lease_owner = NULL,
+    refused_since = CASE WHEN ? THEN NULL ELSE refused_since END,
     ok_started_at = COALESCE(?, ok_started_at),
     ok_duration_us = CASE WHEN ? IS NULL THEN ok_duration_us ELSE ? END,
     ok_excerpt = CASE WHEN ? IS NULL THEN ok_excerpt ELSE ? END,
@@ -143,11 +185,25 @@ SET state = ?, attempts = ?, next_attempt_at = COALESCE(?, next_attempt_at), lea
     updated_at = ?
 WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?`
 
+// sqliteCompleteRefused writes a refusal (Completion.Refused), as
+// pgComplete does, and returns the state written: ?1 RefusedLimit in
+// microseconds (0: none), ?2 attempts, ?3 next attempt, ?4 error, ?5 now,
+// then the fencing ?6 id, ?7 owner, ?8 attempt.
+const sqliteCompleteRefused = `UPDATE txhook_deliveries
+SET state = CASE WHEN ?1 > 0 AND refused_since <= ` + sqliteNow + ` - ?1
+        AND NOT EXISTS (SELECT 1 FROM txhook_endpoints ep WHERE ep.id = txhook_deliveries.endpoint_id
+            AND max(COALESCE(ep.last_success_at, 0), COALESCE(ep.last_failure_at, 0)) > ` + sqliteNow + ` - ?1)
+      THEN 'dead' ELSE 'pending' END,
+    attempts = ?2, next_attempt_at = ?3, lease_owner = NULL, last_status = NULL, last_error = ?4, updated_at = ?5,
+    refused_since = COALESCE(refused_since, ` + sqliteNow + `)
+WHERE id = ?6 AND state = 'running' AND lease_owner = ?7 AND attempts = ?8
+RETURNING state`
+
 const sqliteInsertAttempt = `INSERT INTO txhook_attempts (delivery_id, endpoint_id, attempt, started_at, duration_us, status, response_excerpt, error)
 SELECT id, endpoint_id, ?, ?, ?, ?, ?, ? FROM txhook_deliveries WHERE id = ?`
 
-const sqliteInsertDeadLetter = `INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at)
-SELECT d.id, d.event_id, d.endpoint_id, e.tenant, e.type, d.attempts, d.last_status, d.last_error, ?
+const sqliteInsertDeadLetter = `INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at, reason)
+SELECT d.id, d.event_id, d.endpoint_id, e.tenant, e.type, d.attempts, d.last_status, d.last_error, ?, ?
 FROM txhook_deliveries d JOIN txhook_events e ON e.id = d.event_id
 WHERE d.id = ?
 ON CONFLICT (delivery_id) DO NOTHING`
@@ -174,6 +230,8 @@ type pgCompletion struct {
 	OKStartedAt  *string `json:"ok_started_at,omitempty"`
 	OKDurationUS int64   `json:"ok_duration_us,omitempty"`
 	OKExcerpt    string  `json:"ok_excerpt,omitempty"`
+	// RefusedUS is set for a refusal only (Completion.Refused).
+	RefusedUS *int64 `json:"refused_us,omitempty"`
 }
 
 type pgAttempt struct {
@@ -208,6 +266,9 @@ type Completed struct {
 	// Unwritten lists the completions left unwritten when Complete
 	// returns an error; the caller may retry them after a pause.
 	Unwritten []int
+	// RefusedDead holds the refusals (Completion.Refused) written as dead
+	// letters: refused for longer than their RefusedLimit.
+	RefusedDead map[int]bool
 }
 
 // Complete writes a batch of completions for owner. Each is cleaned first
@@ -262,8 +323,9 @@ func (s *Store) Complete(ctx context.Context, owner string, now time.Time, cs []
 }
 
 // batchWriter writes a batch of completions all or nothing and returns the
-// delivery ID each written completion's position wrote.
-type batchWriter func(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error)
+// delivery ID each written completion's position wrote, and the positions
+// of refusals written as dead letters.
+type batchWriter func(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, map[int]bool, error)
 
 // completeSplit writes cs[idx...] as one batch with write, splitting it on
 // a refusal.
@@ -272,11 +334,14 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 	for k, i := range idx {
 		batch[k] = cs[i]
 	}
-	written, err := write(ctx, owner, now, batch)
+	written, refusedDead, err := write(ctx, owner, now, batch)
 	switch {
 	case err == nil:
 		for k, id := range written {
 			res.Written[idx[k]] = id
+		}
+		for k := range refusedDead {
+			res.refusedDead(idx[k])
 		}
 		return nil
 	case !Refusal(err):
@@ -291,11 +356,14 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 		return s.completeSplit(ctx, owner, now, cs, idx[half:], res, write)
 	}
 	i := idx[0]
-	written, ferr := write(ctx, owner, now, []Completion{Fallback(cs[i], err)})
+	written, refusedDead, ferr := write(ctx, owner, now, []Completion{Fallback(cs[i], err)})
 	switch {
 	case ferr == nil:
 		if id, ok := written[0]; ok {
 			res.Written[i] = id
+		}
+		if refusedDead[0] {
+			res.refusedDead(i)
 		}
 		if res.Substituted == nil {
 			res.Substituted = map[int]error{}
@@ -324,6 +392,13 @@ func (s *Store) completeSplit(ctx context.Context, owner string, now time.Time, 
 	return nil
 }
 
+func (res *Completed) refusedDead(i int) {
+	if res.RefusedDead == nil {
+		res.RefusedDead = map[int]bool{}
+	}
+	res.RefusedDead[i] = true
+}
+
 // Fallback is c as it is written when the database refused c: the same
 // decision (state, attempts, next attempt, statuses, the attempt log's
 // rows) without any text a receiver chose. Error texts say why, naming
@@ -348,18 +423,44 @@ func Fallback(c Completion, refusal error) Completion {
 
 // completeBatch writes cs, all of one kind (delivery rows, or on
 // PostgreSQL first attempts claimed with their events), all or nothing,
-// and returns the delivery ID each written completion's position wrote.
-func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
+// and returns the delivery ID each written completion's position wrote,
+// and the positions of the refusals it dead-lettered.
+func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, map[int]bool, error) {
 	if s.Dialect == Postgres {
 		if len(cs) > 0 && cs[0].ID == 0 {
-			return s.pgCompleteFresh(ctx, owner, now, cs)
+			written, err := s.pgCompleteFresh(ctx, owner, now, cs)
+			return written, nil, err
 		}
 		return s.pgCompleteBatch(ctx, owner, now, cs)
 	}
 	var written map[int]int64
+	var refusedDead map[int]bool
 	err := s.Tx(ctx, func(q Querier) error {
-		written = map[int]int64{}
+		written, refusedDead = map[int]int64{}, map[int]bool{}
 		for k, c := range cs {
+			if c.Refused {
+				var state string
+				err := q.QueryRowContext(ctx, sqliteCompleteRefused, max(c.RefusedLimit.Microseconds(), 0), c.Attempts,
+					s.T(c.NextAt), c.Error, s.T(now), c.ID, owner, c.Attempt).Scan(&state)
+				if err == sql.ErrNoRows {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				written[k] = c.ID
+				// A lapsed lease's record, if any.
+				if err := s.sqliteInsertRecords(ctx, q, c); err != nil {
+					return err
+				}
+				if state == StateDead {
+					refusedDead[k] = true
+					if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), DeadReasonRefused, c.ID); err != nil {
+						return err
+					}
+				}
+				continue
+			}
 			var next any
 			if !c.NextAt.IsZero() {
 				next = s.T(c.NextAt)
@@ -373,7 +474,7 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 			if isInline {
 				okAt, okUS, okExcerpt = s.T(inline.StartedAt), inline.Duration.Microseconds(), inline.Excerpt
 			}
-			res, err := q.ExecContext(ctx, sqliteCompleteUpdate, c.State, c.Attempts, next,
+			res, err := q.ExecContext(ctx, sqliteCompleteUpdate, c.State, c.Attempts, next, c.Attempts >= c.Attempt,
 				okAt, okAt, okUS, okAt, okExcerpt,
 				c.Record, status, c.Record, c.Error, s.T(now), c.ID, owner, c.Attempt)
 			if err != nil {
@@ -386,18 +487,11 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 			if isInline {
 				continue
 			}
-			for _, r := range c.Records {
-				var st any
-				if r.Status != 0 {
-					st = r.Status
-				}
-				if _, err := q.ExecContext(ctx, sqliteInsertAttempt, r.Attempt, s.T(r.StartedAt),
-					r.Duration.Microseconds(), st, r.Excerpt, r.Error, c.ID); err != nil {
-					return err
-				}
+			if err := s.sqliteInsertRecords(ctx, q, c); err != nil {
+				return err
 			}
 			if c.State == StateDead {
-				if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), c.ID); err != nil {
+				if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), DeadReasonFailed, c.ID); err != nil {
 					return err
 				}
 			}
@@ -405,17 +499,36 @@ func (s *Store) completeBatch(ctx context.Context, owner string, now time.Time, 
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return written, nil
+	return written, refusedDead, nil
 }
 
-func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, error) {
+// sqliteInsertRecords writes c's attempt records to txhook_attempts.
+func (s *Store) sqliteInsertRecords(ctx context.Context, q Querier, c Completion) error {
+	for _, r := range c.Records {
+		var st any
+		if r.Status != 0 {
+			st = r.Status
+		}
+		if _, err := q.ExecContext(ctx, sqliteInsertAttempt, r.Attempt, s.T(r.StartedAt),
+			r.Duration.Microseconds(), st, r.Excerpt, r.Error, c.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time, cs []Completion) (map[int]int64, map[int]bool, error) {
 	rows := make([]pgCompletion, len(cs))
 	var atts []pgAttempt
 	for i, c := range cs {
 		r := pgCompletion{ID: c.ID, Attempt: c.Attempt, State: c.State, Attempts: c.Attempts,
 			Record: c.Record, Status: c.Status, Error: c.Error}
+		if c.Refused {
+			us := max(c.RefusedLimit.Microseconds(), 0)
+			r.RefusedUS = &us
+		}
 		if !c.NextAt.IsZero() {
 			t := jsonTS(c.NextAt)
 			r.NextAt = &t
@@ -435,18 +548,18 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 	}
 	cj, err := json.Marshal(rows)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if atts == nil {
 		atts = []pgAttempt{}
 	}
 	aj, err := json.Marshal(atts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res, err := s.queryPrepared(ctx, s.relaySQL(pgComplete), string(cj), owner, s.T(now), string(aj))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer res.Close()
 	pos := make(map[[2]int64]int, len(cs))
@@ -454,17 +567,25 @@ func (s *Store) pgCompleteBatch(ctx context.Context, owner string, now time.Time
 		pos[[2]int64{c.ID, int64(c.Attempt)}] = k
 	}
 	written := make(map[int]int64, len(cs))
+	var refusedDead map[int]bool
 	for res.Next() {
 		var id int64
 		var attempt int
-		if err := res.Scan(&id, &attempt); err != nil {
-			return nil, err
+		var dead bool
+		if err := res.Scan(&id, &attempt, &dead); err != nil {
+			return nil, nil, err
 		}
 		if k, ok := pos[[2]int64{id, int64(attempt)}]; ok {
 			written[k] = id
+			if dead {
+				if refusedDead == nil {
+					refusedDead = map[int]bool{}
+				}
+				refusedDead[k] = true
+			}
 		}
 	}
-	return written, res.Err()
+	return written, refusedDead, res.Err()
 }
 
 // queryPrepared runs query (before Rebind) on the pool, through its
@@ -512,7 +633,8 @@ func (s *Store) queryPrepared(ctx context.Context, query string, args ...any) (*
 // succeeded, each the last of its event, needs none of them.
 var (
 	freshHead = `WITH c AS (
-    SELECT x.event_id, x.endpoint_id, ` + pgMicros("x.lease_us") + ` AS lease, x.last, x.state, x.attempts,
+    SELECT x.event_id, x.endpoint_id, ` + pgMicros("x.lease_us") + ` AS lease, x.last,
+           CASE x.state WHEN '` + freshRefused + `' THEN 'pending' ELSE x.state END AS state, x.state = '` + freshRefused + `' AS refused, x.attempts,
            ` + pgMicros("x.next_us") + ` AS next_at, x.record, x.status, x.error,
            ` + pgMicros("x.ok_us") + ` AS ok_started_at, x.ok_duration_us, x.ok_excerpt, ` + pgMicros("x.created_us") + ` AS created_at
     FROM unnest($1::text[], $5::text[], $6::bigint[], $7::boolean[], $8::text[], $9::int[], $10::bigint[], $11::boolean[],
@@ -536,10 +658,10 @@ var (
 )`
 	freshIns = `, ins AS (
     INSERT INTO txhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, last_status, last_error,
-        ok_started_at, ok_duration_us, ok_excerpt, created_at, updated_at)
+        ok_started_at, ok_duration_us, ok_excerpt, created_at, updated_at, refused_since)
     SELECT c.event_id, c.endpoint_id, c.state, c.attempts, COALESCE(c.next_at, $3),
            CASE WHEN c.record THEN c.status END, CASE WHEN c.record THEN COALESCE(c.error, '') ELSE '' END,
-           c.ok_started_at, c.ok_duration_us, c.ok_excerpt, c.created_at, $3
+           c.ok_started_at, c.ok_duration_us, c.ok_excerpt, c.created_at, $3, CASE WHEN c.refused THEN now() END
     FROM c
     WHERE c.event_id IN ({{written}})
     RETURNING id, event_id, endpoint_id, state, attempts, last_status, last_error
@@ -562,6 +684,13 @@ var (
 	freshTail = `
 SELECT id, event_id, endpoint_id FROM ins`
 )
+
+// freshRefused is the state a refusal (Completion.Refused) travels with
+// in a batch of pgCompleteFresh: written 'pending', with refused_since
+// set to the database's now, the start of its refusal. Its delivery has
+// no row yet, so no refusal of it can be under way: it is never
+// dead-lettered here.
+const freshRefused = "refused"
 
 // freshSQL returns pgCompleteFresh with the parts a batch needs: held when
 // some completion is not its event's last, att when it has attempt rows,
@@ -742,7 +871,11 @@ func (s *Store) pgCompleteFresh(ctx context.Context, owner string, now time.Time
 		a.endpointID.text(c.EndpointID)
 		a.lease.micros(c.Lease)
 		a.last.bool(c.Last)
-		a.state.text(c.State)
+		if c.Refused {
+			a.state.text(freshRefused)
+		} else {
+			a.state.text(c.State)
+		}
 		a.attempts.int(int64(c.Attempts))
 		a.next.micros(c.NextAt)
 		a.record.bool(c.Record)

@@ -19,6 +19,7 @@ type DeadLetter struct {
 	LastStatus int
 	LastError  string
 	FailedAt   time.Time
+	Reason     string // DeadReasonFailed or DeadReasonRefused
 }
 
 // DeadFilter selects dead letters; zero fields do not filter.
@@ -29,6 +30,7 @@ type DeadFilter struct {
 	Since      time.Time // failed at or after
 	Until      time.Time // failed before
 	IDs        []int64   // only these deliveries
+	Reason     string    // DeadReasonFailed or DeadReasonRefused
 }
 
 // DeadCursor is a position in the newest-first listing.
@@ -37,7 +39,7 @@ type DeadCursor struct {
 	DeliveryID int64
 }
 
-const deadColumns = `delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at`
+const deadColumns = `delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at, reason`
 
 // idsIn renders "col IN (…)" over a JSON array parameter.
 func (s *Store) idsIn(col string) string {
@@ -76,6 +78,9 @@ func (s *Store) deadWhere(f DeadFilter, alias string) (string, []any) {
 	if f.EventType != "" {
 		add("event_type = ?", f.EventType)
 	}
+	if f.Reason != "" {
+		add("reason = ?", f.Reason)
+	}
 	if !f.Since.IsZero() {
 		add("failed_at >= ?", s.T(f.Since))
 	}
@@ -113,7 +118,7 @@ WHERE `+where+` ORDER BY failed_at DESC, delivery_id DESC LIMIT ?`), args...)
 		var status sql.NullInt64
 		var at Time
 		if err := rows.Scan(&d.DeliveryID, &d.EventID, &d.EndpointID, &d.Tenant, &d.EventType, &d.Attempts,
-			&status, &d.LastError, &at); err != nil {
+			&status, &d.LastError, &at, &d.Reason); err != nil {
 			return nil, err
 		}
 		d.LastStatus, d.FailedAt = int(status.Int64), at.Time

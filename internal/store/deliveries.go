@@ -53,9 +53,12 @@ type DeliveryRow struct {
 	LastError     string
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// RefusedSince is when the relays' target rules started refusing its
+	// endpoint's URL (migration 010); zero when they do not.
+	RefusedSince time.Time
 }
 
-const deliveryColumns = `id, event_id, endpoint_id, state, attempts, next_attempt_at, last_status, last_error, created_at, updated_at`
+const deliveryColumns = `id, event_id, endpoint_id, state, attempts, next_attempt_at, last_status, last_error, created_at, updated_at, refused_since`
 
 // DeliveriesOfEvent returns an event's deliveries, oldest first.
 func (s *Store) DeliveriesOfEvent(ctx context.Context, eventID string) ([]DeliveryRow, error) {
@@ -92,12 +95,13 @@ func scanDeliveries(rows *sql.Rows) ([]DeliveryRow, error) {
 	var out []DeliveryRow
 	for rows.Next() {
 		var d DeliveryRow
-		var next, c, u Time
+		var next, c, u, refused Time
 		var status sql.NullInt64
-		if err := rows.Scan(&d.ID, &d.EventID, &d.EndpointID, &d.State, &d.Attempts, &next, &status, &d.LastError, &c, &u); err != nil {
+		if err := rows.Scan(&d.ID, &d.EventID, &d.EndpointID, &d.State, &d.Attempts, &next, &status, &d.LastError, &c, &u, &refused); err != nil {
 			return nil, err
 		}
 		d.NextAttemptAt, d.LastStatus, d.CreatedAt, d.UpdatedAt = next.Time, int(status.Int64), c.Time, u.Time
+		d.RefusedSince = refused.Time
 		out = append(out, d)
 	}
 	return out, rows.Err()

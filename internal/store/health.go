@@ -266,3 +266,24 @@ func (s *Store) DeadLettersByEndpoint(ctx context.Context) (map[string]int, erro
 	}
 	return out, rows.Err()
 }
+
+// RefusedDeadLettersByEndpoint counts, per endpoint, the dead letters of
+// reason DeadReasonRefused: one grouped count on their partial index
+// (txhook_dead_letters_refused, migration 010).
+func (s *Store) RefusedDeadLettersByEndpoint(ctx context.Context) (map[string]int, error) {
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT endpoint_id, count(*) FROM txhook_dead_letters WHERE reason = '`+DeadReasonRefused+`' GROUP BY endpoint_id`))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, rows.Err()
+}

@@ -176,25 +176,95 @@ func (s *Store) PruneDeadLetters(ctx context.Context, before time.Time, limit in
 	return s.PurgeDead(ctx, DeadFilter{Until: before}, limit)
 }
 
+// EventsWalk is where a walk of PruneEvents over the tenants stands.
+type EventsWalk struct {
+	// Tenant is the first tenant the next call looks at; "" before the
+	// walk starts.
+	Tenant string
+	// Done is set once the walk has passed the last tenant.
+	Done bool
+}
+
 // PruneEvents deletes up to limit unrouted events (dispatched with no
 // delivery, or left without one when their endpoint was deleted) dispatched
-// before `before` that no delivery or dead letter refers to. An event with
-// deliveries goes with the last of them (PruneFinished): the index of
-// unrouted events is all retention needs, where an index of every
-// event's dispatch time cost each delivery an entry.
-func (s *Store) PruneEvents(ctx context.Context, before time.Time, limit int) (int, error) {
-	res, err := s.DB.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_events WHERE id IN (
-    SELECT e.id FROM txhook_events e
-    WHERE e.unrouted AND e.dispatched_at < ?
-      AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = e.id)
-      AND NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = e.id)
-    ORDER BY e.dispatched_at LIMIT ?)`), s.T(before), limit)
-	if err != nil {
-		return 0, err
+// before `before` that no delivery or dead letter refers to, tenant by
+// tenant from walk.Tenant on, and moves walk on: call it until walk.Done.
+// An event with deliveries goes with the last of them (PruneFinished): the
+// index of unrouted events is all retention needs, where an index of every
+// event's dispatch time cost each delivery an entry. That index is by
+// tenant, then time (txhook_events_unrouted_tenant, which Recover reads):
+// the walk takes the tenants in order, one probe of the index each to
+// find the next, and one range of it per tenant for its old events, so a
+// walk reads what it deletes and a few entries per tenant.
+func (s *Store) PruneEvents(ctx context.Context, before time.Time, limit int, walk *EventsWalk) (int, error) {
+	old := `SELECT e.id FROM t JOIN txhook_events e ON e.unrouted AND e.tenant = t.tenant AND e.dispatched_at < ?
+    WHERE ` + prunableEvent + `
+    LIMIT ?`
+	if s.Dialect == Postgres {
+		// LATERAL: one range of the index per tenant, in the walk's order,
+		// whatever the planner estimates of the walk.
+		old = `SELECT x.id FROM t CROSS JOIN LATERAL (
+        SELECT e.id FROM txhook_events e
+        WHERE e.unrouted AND e.tenant = t.tenant AND e.dispatched_at < ? AND ` + prunableEvent + `
+        ORDER BY e.dispatched_at LIMIT ?) x
+    LIMIT ?`
 	}
-	n, err := res.RowsAffected()
-	return int(n), err
+	args := []any{walk.Tenant, s.T(before), limit}
+	if s.Dialect == Postgres {
+		args = append(args, limit)
+	}
+	walkSQL := `WITH RECURSIVE t(tenant) AS (
+    SELECT (SELECT tenant FROM txhook_events WHERE unrouted AND tenant >= ? ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.tenant FROM txhook_events e WHERE e.unrouted AND e.tenant > t.tenant ORDER BY e.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+), old AS (
+    ` + old + `
+)`
+	n, last := 0, ""
+	if s.Dialect == Postgres {
+		// The last tenant by the database's collation, which orders the walk.
+		err := s.DB.QueryRowContext(ctx, s.Rebind(walkSQL+`, del AS (
+    DELETE FROM txhook_events WHERE id IN (SELECT id FROM old) RETURNING tenant
+)
+SELECT count(*), COALESCE(max(tenant), '') FROM del`), args...).Scan(&n, &last)
+		if err != nil {
+			return 0, err
+		}
+	} else {
+		// SQLite compares text by its bytes, as Go does.
+		rows, err := s.DB.QueryContext(ctx, walkSQL+`
+DELETE FROM txhook_events WHERE id IN (SELECT id FROM old)
+RETURNING tenant`, args...)
+		if err != nil {
+			return 0, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var tenant string
+			if err := rows.Scan(&tenant); err != nil {
+				return n, err
+			}
+			n++
+			last = max(last, tenant)
+		}
+		if err := rows.Err(); err != nil {
+			return n, err
+		}
+	}
+	if n < limit {
+		walk.Done = true
+	} else {
+		// The last tenant may have more: it is where the next call starts.
+		walk.Tenant = last
+	}
+	return n, nil
 }
+
+// prunableEvent is the condition that event e has no delivery and no dead
+// letter.
+const prunableEvent = `NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = e.id)
+      AND NOT EXISTS (SELECT 1 FROM txhook_dead_letters dl WHERE dl.event_id = e.id)`
 
 // Endpoint health: every completion batch records, per endpoint, the start
 // of its latest successful and latest failed attempt (last_success_at,

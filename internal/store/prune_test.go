@@ -133,7 +133,8 @@ VALUES (?, 'm', 't', '{}', ?, ?, ?)`), id, st.T(cut.Add(-72*time.Hour)), at, u);
 		ins("evt_old_unrouted", cut.Add(-48*time.Hour), true)
 		ins("evt_new_unrouted", cut.Add(time.Hour), true)
 		ins("evt_undispatched", time.Time{}, false)
-		n, err := st.PruneEvents(ctx, cut, 10)
+		var walk store.EventsWalk
+		n, err := st.PruneEvents(ctx, cut, 10, &walk)
 		if err != nil || n != 1 {
 			t.Fatalf("PruneEvents = %d, %v; want 1", n, err)
 		}

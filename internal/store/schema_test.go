@@ -296,7 +296,12 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, err := s.RewriteSecrets(ctx, []string{ep.ID}, func(store.EndpointSecrets) (store.EndpointSecrets, error) { return store.EndpointSecrets{}, nil })
 			return err
 		},
-		"DeadLettersByEndpoint": func() error { _, err := s.DeadLettersByEndpoint(ctx); return err },
+		"DeadLettersByEndpoint":        func() error { _, err := s.DeadLettersByEndpoint(ctx); return err },
+		"RefusedDeadLettersByEndpoint": func() error { _, err := s.RefusedDeadLettersByEndpoint(ctx); return err },
+		"CarryRefusal": func() error {
+			_, err := s.CarryRefusal(ctx, []store.RefusedLine{{ID: 1, EndpointID: ep.ID, Key: "k"}})
+			return err
+		},
 		"ListDead": func() error {
 			_, err := s.ListDead(ctx, store.DeadFilter{Tenant: "m", EndpointID: ep.ID, EventType: "payment.succeeded"}, &store.DeadCursor{FailedAt: now.Add(time.Hour), DeliveryID: 1 << 40}, 10)
 			return err
@@ -338,7 +343,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"PruneDeadLetters": func() error { _, err := s.PruneDeadLetters(ctx, now.Add(time.Hour), 10); return err },
-		"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10); return err },
+		"PruneEvents":      func() error { _, err := s.PruneEvents(ctx, now.Add(time.Hour), 10, &store.EventsWalk{}); return err },
 		"TenantEndpoint":   func() error { _, err := s.TenantEndpoint(ctx, db.DB, "m", ep.ID); return err },
 		"TenantDelivery":   func() error { _, err := s.TenantDelivery(ctx, "m", claimed[0].ID); return err },
 		"TenantEvent":      func() error { _, err := s.TenantEvent(ctx, "m", ev.ID); return err },
@@ -380,8 +385,8 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	order := []string{"CheckSchema", "CheckPooler", "Migrate", "Partition", "Partitioning", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
 		"ModifySecrets", "InsertEvent", "InsertEvents", "DeleteEvents", "ConflictingEvents", "Dispatch", "DispatchKeyed", "Claim", "BlockedLines", "Unblock", "DBNow",
 		"Complete", "Attempts", "AttemptsOfDeliveries", "Delivery", "DeliveriesOfEvent", "DeliveriesOfEndpoint", "EndpointHealth",
-		"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
-		"RecordAttemptTimes", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
+		"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "RefusedDeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
+		"RecordAttemptTimes", "CarryRefusal", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
@@ -396,7 +401,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	// Methods that run no statement of their own.
 	noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
 		"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
-		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true}
+		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true, "RecoverStatements": true}
 	var missing []string
 	typ := reflect.TypeFor[*store.Store]()
 	for i := range typ.NumMethod() {

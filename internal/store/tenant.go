@@ -21,7 +21,7 @@ func (s *Store) TenantEndpoint(ctx context.Context, q Querier, tenant, id string
 	return s.oneEndpoint(ctx, q, `id = ? AND tenant = ?`, id, tenant)
 }
 
-const tenantDeliveryColumns = `d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, d.created_at, d.updated_at`
+const tenantDeliveryColumns = `d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, d.created_at, d.updated_at, d.refused_since`
 
 // TenantDelivery returns delivery id if its event belongs to tenant, else
 // ErrNotFound.

@@ -15,15 +15,22 @@
 //	txhook_backlog_deliveries{endpoint, state}    gauge: deliveries pending, running, paused or blocked
 //	txhook_undispatched_events                    gauge: committed events no relay has fanned out yet
 //	txhook_dead_letters{endpoint}                 gauge: dead letters not replayed or purged
+//	txhook_dead_letters_refused{endpoint}         gauge: those of them no relay would send
 //
 // The outcome of an attempt is "succeeded" (2xx), "retry" (failed, another
-// attempt is scheduled) or "dead_lettered" (failed, none left), so the
-// succeeded and dead_lettered series count deliveries by their final
-// outcome. Counters and the histogram count what this process's relays did
+// attempt is scheduled), "dead_lettered" (failed, none left) or
+// "dead_lettered_refused" (dead-lettered without a request: the target
+// rules refused the endpoint's URL for longer than RelayConfig.RefusedLimit;
+// the refusals before it are not counted), so the succeeded and the two
+// dead_lettered series count deliveries by their final outcome. The
+// refused dead letters are a configuration problem, not a receiver's:
+// alert on txhook_dead_letters_refused > 0 and fix the target rules or the
+// endpoint's URL, then replay them (dlq.Filter.Reason). Counters and the histogram count what this process's relays did
 // since it started; attempts that made no request (a lease that lapsed, a
 // secret that could not sign) count as attempts but not as latencies. The
 // gauges are read from the database at each scrape, for the whole outbox,
-// through Outbox.Backlog and Outbox.DeadLetterCounts (counts on indexes),
+// through Outbox.Backlog, Outbox.DeadLetterCounts and
+// Outbox.RefusedDeadLetterCounts (counts on indexes),
 // bounded by ScrapeTimeout.
 //
 // # Label cardinality
@@ -84,6 +91,7 @@ type Collector struct {
 	backlog      *prometheus.Desc
 	undispatched *prometheus.Desc
 	dead         *prometheus.Desc
+	refused      *prometheus.Desc
 
 	mu    sync.Mutex
 	own   map[string]*slot // endpoints with a label value of their own
@@ -98,7 +106,7 @@ type slot struct {
 	latency  prometheus.Observer
 }
 
-var outcomes = []string{outbox.OutcomeSucceeded, outbox.OutcomeRetry, outbox.OutcomeDeadLettered}
+var outcomes = []string{outbox.OutcomeSucceeded, outbox.OutcomeRetry, outbox.OutcomeDeadLettered, outbox.OutcomeDeadLetteredRefused}
 
 // New returns a Collector for ob. Register it with a prometheus.Registerer
 // and pass its Observe method as RelayConfig.OnAttempt.
@@ -121,7 +129,7 @@ func New(ob *outbox.Outbox, opts Options) *Collector {
 		opts: opts,
 		attempt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "attempts_total", ConstLabels: cl,
-			Help: "Delivery attempts by outcome: succeeded (2xx), retry (failed, retry scheduled), dead_lettered (failed, none left).",
+			Help: "Delivery attempts by outcome: succeeded (2xx), retry (failed, retry scheduled), dead_lettered (failed, none left), dead_lettered_refused (not sent: the target rules refused the endpoint's URL too long).",
 		}, []string{"endpoint", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "attempt_duration_seconds", ConstLabels: cl, Buckets: opts.Buckets,
@@ -134,6 +142,8 @@ func New(ob *outbox.Outbox, opts Options) *Collector {
 			"Committed events no relay has fanned out into deliveries yet; grows when no relay runs.", nil, cl),
 		dead: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "dead_letters"),
 			"Dead letters not yet replayed or purged.", []string{"endpoint"}, cl),
+		refused: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "dead_letters_refused"),
+			"Dead letters no relay would send: the target rules refused their endpoint's URL for longer than RefusedLimit.", []string{"endpoint"}, cl),
 		own: map[string]*slot{},
 	}
 }
@@ -185,6 +195,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.backlog
 	ch <- c.undispatched
 	ch <- c.dead
+	ch <- c.refused
 }
 
 // Collect implements prometheus.Collector: the counters and histogram
@@ -209,6 +220,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if derr != nil {
 		ch <- prometheus.NewInvalidMetric(c.dead, derr)
 	}
+	refused, rerr := c.ob.RefusedDeadLetterCounts(ctx)
+	if rerr != nil {
+		ch <- prometheus.NewInvalidMetric(c.refused, rerr)
+	}
 
 	// Larger backlogs claim free label values first.
 	perEndpoint := map[string]int{}
@@ -231,7 +246,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	type key struct{ label, state string }
 	backlogs := map[key]int{}
-	deads := map[string]int{}
+	deads, refuseds := map[string]int{}, map[string]int{}
 	c.mu.Lock()
 	labels := make(map[string]string, len(ids))
 	for _, id := range ids {
@@ -247,7 +262,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		all = append(all, c.other)
 	}
 	for _, s := range all {
-		deads[s.label] = 0
+		deads[s.label], refuseds[s.label] = 0, 0
 		for _, st := range []string{outbox.StatePending, outbox.StateRunning, outbox.StatePaused} {
 			backlogs[key{s.label, st}] = 0
 		}
@@ -259,6 +274,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for id, n := range dead {
 		deads[labels[id]] += n
 	}
+	for id, n := range refused {
+		if l, ok := labels[id]; ok { // a refused dead letter is a dead letter: labelled above
+			refuseds[l] += n
+		}
+	}
 	if err == nil {
 		for k, n := range backlogs {
 			ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(n), k.label, k.state)
@@ -267,6 +287,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if derr == nil {
 		for l, n := range deads {
 			ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(n), l)
+		}
+	}
+	if rerr == nil && derr == nil {
+		for l, n := range refuseds {
+			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.GaugeValue, float64(n), l)
 		}
 	}
 }

@@ -98,12 +98,14 @@ func TestCollectorFollowsARelay(t *testing.T) {
 		}
 
 		want := map[string]float64{
-			"endpoint=" + good.ID + ",outcome=succeeded":     3,
-			"endpoint=" + good.ID + ",outcome=retry":         0,
-			"endpoint=" + good.ID + ",outcome=dead_lettered": 0,
-			"endpoint=" + bad.ID + ",outcome=succeeded":      0,
-			"endpoint=" + bad.ID + ",outcome=retry":          3,
-			"endpoint=" + bad.ID + ",outcome=dead_lettered":  3,
+			"endpoint=" + good.ID + ",outcome=succeeded":             3,
+			"endpoint=" + good.ID + ",outcome=retry":                 0,
+			"endpoint=" + good.ID + ",outcome=dead_lettered":         0,
+			"endpoint=" + good.ID + ",outcome=dead_lettered_refused": 0,
+			"endpoint=" + bad.ID + ",outcome=succeeded":              0,
+			"endpoint=" + bad.ID + ",outcome=retry":                  3,
+			"endpoint=" + bad.ID + ",outcome=dead_lettered":          3,
+			"endpoint=" + bad.ID + ",outcome=dead_lettered_refused":  0,
 		}
 		if got := attempts(); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("attempts\n got %v\nwant %v", got, want)
@@ -140,6 +142,9 @@ VALUES ('evt_x', ?, ?, 0, ?, ?, ?)`
 		dead := gather(t, reg, "txhook_dead_letters")
 		if dead["endpoint="+bad.ID] != 3 || dead["endpoint="+good.ID] != 0 || len(dead) != 2 {
 			t.Errorf("dead letters: %v", dead)
+		}
+		if refused := gather(t, reg, "txhook_dead_letters_refused"); refused["endpoint="+bad.ID] != 0 || len(refused) != 2 {
+			t.Errorf("refused dead letters: %v", refused)
 		}
 		// With the relay stopped, new events wait undispatched.
 		if u := gather(t, reg, "txhook_undispatched_events"); u[""] != 0 {

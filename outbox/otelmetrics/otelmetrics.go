@@ -19,14 +19,18 @@
 //	txhook.backlog{txhook.endpoint.id, txhook.delivery.state}    gauge: unfinished deliveries
 //	txhook.undispatched                                          gauge: events not fanned out yet
 //	txhook.dead_letters{txhook.endpoint.id}                      gauge: dead letters not replayed or purged
+//	txhook.dead_letters.refused{txhook.endpoint.id}              gauge: those of them no relay would send
 //	txhook.relay.in_flight{txhook.relay.id}                      gauge: requests under way
 //	txhook.relay.waiting{txhook.relay.id}                        gauge: claimed deliveries waiting to start
 //
 // Outcomes are those of outbox.AttemptNotice: "succeeded", "retry",
-// "dead_lettered". The counter and histogram count what this process's
+// "dead_lettered", "dead_lettered_refused" (not sent: the target rules
+// refused the endpoint's URL for longer than RelayConfig.RefusedLimit).
+// The counter and histogram count what this process's
 // relays did; the backlog, undispatched and dead-letter gauges are read
 // at each collection from the database, for the whole outbox, through
-// Outbox.Backlog and Outbox.DeadLetterCounts, bounded by CollectTimeout;
+// Outbox.Backlog, Outbox.DeadLetterCounts and
+// Outbox.RefusedDeadLetterCounts, bounded by CollectTimeout;
 // the relay gauges come from Relay.Stats.
 //
 // Every endpoint has its own attribute value. The SDK bounds how many
@@ -86,6 +90,7 @@ type Metrics struct {
 	// than its last value.
 	lastBacklog map[backlogKey]bool
 	lastDead    map[string]bool
+	lastRefused map[string]bool
 }
 
 type backlogKey struct{ endpoint, state string }
@@ -110,10 +115,10 @@ func New(ob *outbox.Outbox, opts Options) (*Metrics, error) {
 	}
 	meter := mp.Meter("github.com/txhook/txhook/outbox/otelmetrics")
 	m := &Metrics{ob: ob, timeout: opts.CollectTimeout}
-	var errs [7]error
-	var backlog, undispatched, dead, inFlight, waiting metric.Int64ObservableGauge
+	var errs [8]error
+	var backlog, undispatched, dead, refused, inFlight, waiting metric.Int64ObservableGauge
 	m.attempts, errs[0] = meter.Int64Counter("txhook.attempts", metric.WithUnit("{attempt}"),
-		metric.WithDescription("Delivery attempts by outcome: succeeded (2xx), retry (failed, retry scheduled), dead_lettered (failed, none left)."))
+		metric.WithDescription("Delivery attempts by outcome: succeeded (2xx), retry (failed, retry scheduled), dead_lettered (failed, none left), dead_lettered_refused (not sent: the target rules refused the endpoint's URL too long)."))
 	m.duration, errs[1] = meter.Float64Histogram("txhook.attempt.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of delivery requests, redirects and response included."),
 		metric.WithExplicitBucketBoundaries(opts.DurationBoundaries...))
@@ -123,6 +128,8 @@ func New(ob *outbox.Outbox, opts Options) (*Metrics, error) {
 		metric.WithDescription("Committed events no relay has fanned out into deliveries yet; grows when no relay runs."))
 	dead, errs[4] = meter.Int64ObservableGauge("txhook.dead_letters", metric.WithUnit("{dead_letter}"),
 		metric.WithDescription("Dead letters not yet replayed or purged."))
+	refused, errs[7] = meter.Int64ObservableGauge("txhook.dead_letters.refused", metric.WithUnit("{dead_letter}"),
+		metric.WithDescription("Dead letters no relay would send: the target rules refused their endpoint's URL for longer than RefusedLimit."))
 	inFlight, errs[5] = meter.Int64ObservableGauge("txhook.relay.in_flight", metric.WithUnit("{request}"),
 		metric.WithDescription("Requests a relay of this process has under way."))
 	waiting, errs[6] = meter.Int64ObservableGauge("txhook.relay.waiting", metric.WithUnit("{delivery}"),
@@ -131,8 +138,8 @@ func New(ob *outbox.Outbox, opts Options) (*Metrics, error) {
 		return nil, err
 	}
 	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		return m.collect(ctx, o, backlog, undispatched, dead, inFlight, waiting)
-	}, backlog, undispatched, dead, inFlight, waiting)
+		return m.collect(ctx, o, backlog, undispatched, dead, refused, inFlight, waiting)
+	}, backlog, undispatched, dead, refused, inFlight, waiting)
 	if err != nil {
 		return nil, err
 	}
@@ -165,11 +172,12 @@ func (m *Metrics) Close() error { return m.reg.Unregister() }
 // collect observes the gauges. A failed read is returned to the SDK, which
 // reports it through OpenTelemetry's error handler, and leaves its gauges
 // out of this collection rather than reporting zero.
-func (m *Metrics) collect(ctx context.Context, o metric.Observer, backlog, undispatched, dead, inFlight, waiting metric.Int64Observable) error {
+func (m *Metrics) collect(ctx context.Context, o metric.Observer, backlog, undispatched, dead, refused, inFlight, waiting metric.Int64Observable) error {
 	ctx, cancel := context.WithTimeout(ctx, m.timeout)
 	defer cancel()
 	bl, berr := m.ob.Backlog(ctx)
 	dl, derr := m.ob.DeadLetterCounts(ctx)
+	rl, rerr := m.ob.RefusedDeadLetterCounts(ctx)
 	m.mu.Lock()
 	relays := append([]*outbox.Relay(nil), m.relays...)
 	if berr == nil {
@@ -199,6 +207,19 @@ func (m *Metrics) collect(ctx context.Context, o metric.Observer, backlog, undis
 		}
 		m.lastDead = now
 	}
+	if rerr == nil {
+		now := make(map[string]bool, len(rl))
+		for id, n := range rl {
+			now[id] = true
+			o.ObserveInt64(refused, int64(n), metric.WithAttributes(AttrEndpointID.String(id)))
+		}
+		for id := range m.lastRefused {
+			if !now[id] {
+				o.ObserveInt64(refused, 0, metric.WithAttributes(AttrEndpointID.String(id)))
+			}
+		}
+		m.lastRefused = now
+	}
 	m.mu.Unlock()
 	for _, r := range relays {
 		s := r.Stats()
@@ -206,5 +227,5 @@ func (m *Metrics) collect(ctx context.Context, o metric.Observer, backlog, undis
 		o.ObserveInt64(inFlight, int64(s.InFlight), id)
 		o.ObserveInt64(waiting, int64(s.Waiting), id)
 	}
-	return errors.Join(berr, derr)
+	return errors.Join(berr, derr, rerr)
 }

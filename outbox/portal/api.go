@@ -423,21 +423,25 @@ func (p *Portal) apiDone(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 type apiDelivery struct {
-	ID            int64        `json:"id"`
-	EventID       string       `json:"event_id"`
-	EndpointID    string       `json:"endpoint_id"`
-	State         string       `json:"state"`
-	Attempts      int          `json:"attempts"`
-	NextAttemptAt *time.Time   `json:"next_attempt_at,omitempty"`
-	LastStatus    int          `json:"last_status"`
-	LastError     string       `json:"last_error,omitempty"`
-	CreatedAt     time.Time    `json:"created_at"`
-	AttemptLog    []apiAttempt `json:"attempt_log,omitempty"`
+	ID            int64      `json:"id"`
+	EventID       string     `json:"event_id"`
+	EndpointID    string     `json:"endpoint_id"`
+	State         string     `json:"state"`
+	Attempts      int        `json:"attempts"`
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	LastStatus    int        `json:"last_status"`
+	LastError     string     `json:"last_error,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	// RefusedSince: the delivery rules refuse the endpoint's URL since
+	// then (a dead delivery with it failed for that reason).
+	RefusedSince *time.Time   `json:"refused_since,omitempty"`
+	AttemptLog   []apiAttempt `json:"attempt_log,omitempty"`
 }
 
 func apiDeliveryOf(d outbox.Delivery) apiDelivery {
 	return apiDelivery{ID: d.ID, EventID: d.EventID, EndpointID: d.EndpointID, State: d.State, Attempts: d.Attempts,
-		NextAttemptAt: ptime(d.NextAttemptAt), LastStatus: d.LastStatus, LastError: d.LastError, CreatedAt: d.CreatedAt.UTC()}
+		NextAttemptAt: ptime(d.NextAttemptAt), LastStatus: d.LastStatus, LastError: d.LastError, CreatedAt: d.CreatedAt.UTC(),
+		RefusedSince: ptime(d.RefusedSince)}
 }
 
 type apiAttempt struct {

@@ -1,5 +1,5 @@
--- txhook schema, version 12 (SQLite): the broker mode tables of the
--- PostgreSQL schema (see postgres/012_broker.sql). SQLite has one writer
+-- txhook schema, version 11 (SQLite): the broker mode tables of the
+-- PostgreSQL schema (see postgres/011_broker.sql). SQLite has one writer
 -- at a time, so its forwarder claims undispatched events under a lease
 -- and marks them forwarded, as table-mode relays dispatch them; events
 -- carry no transaction ID here.
@@ -19,9 +19,9 @@ CREATE TABLE IF NOT EXISTS txhook_broker_keys (
     created_at INTEGER NOT NULL
 );
 
-INSERT INTO txhook_migrations (version, name) VALUES (12, '012_broker');
+INSERT INTO txhook_migrations (version, name) VALUES (11, '011_broker');
 
 -- +goose Down
 DROP TABLE IF EXISTS txhook_broker_keys;
 DROP TABLE IF EXISTS txhook_forwarders;
-DELETE FROM txhook_migrations WHERE version = 12;
+DELETE FROM txhook_migrations WHERE version = 11;

@@ -1,4 +1,4 @@
--- txhook schema, version 12 (PostgreSQL): broker mode (package
+-- txhook schema, version 11 (PostgreSQL): broker mode (package
 -- outbox/broker), which forwards events to NATS JetStream instead of
 -- dispatching them into delivery rows.
 --
@@ -39,11 +39,11 @@ CREATE TABLE IF NOT EXISTS txhook_broker_keys (
     created_at timestamptz NOT NULL
 );
 
-INSERT INTO txhook_migrations (version, name) VALUES (12, '012_broker');
+INSERT INTO txhook_migrations (version, name) VALUES (11, '011_broker');
 
 -- +goose Down
 DROP TABLE IF EXISTS txhook_broker_keys;
 DROP TABLE IF EXISTS txhook_forwarders;
 DROP INDEX IF EXISTS txhook_events_forward;
 ALTER TABLE txhook_events DROP COLUMN IF EXISTS forward_xid;
-DELETE FROM txhook_migrations WHERE version = 12;
+DELETE FROM txhook_migrations WHERE version = 11;
