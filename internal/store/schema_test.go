@@ -380,6 +380,74 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"PruneAudit":     func() error { _, err := s.PruneAudit(ctx, now.Add(time.Hour), 10); return err },
+		// Broker mode.
+		"ForwardLease": func() error {
+			_, held, err := s.ForwardLease(ctx, "S", "fwd", time.Minute)
+			if err == nil && !held {
+				err = errors.New("lease not taken")
+			}
+			return err
+		},
+		"CurrentSnapshot": func() error { _, err := s.CurrentSnapshot(ctx); return err },
+		"ForwardPage": func() error {
+			to, err := s.CurrentSnapshot(ctx)
+			if err != nil {
+				return err
+			}
+			from := store.Snapshot{Xmin: 1, Xmax: 2, Xip: []uint64{1}}
+			for _, running := range []bool{true, false} {
+				if _, err := s.ForwardPage(ctx, from, to, running, "0", "", 10); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		"ForwardSave": func() error {
+			held, err := s.ForwardSave(ctx, "S", "fwd", store.Snapshot{Xmin: 5, Xmax: 6}, time.Minute)
+			if err == nil && !held {
+				err = errors.New("cursor not saved")
+			}
+			return err
+		},
+		"ForwardRelease": func() error { return s.ForwardRelease(ctx, "S", "fwd") },
+		"PendingOrdered": func() error { _, err := s.PendingOrdered(ctx); return err },
+		"ClaimUnforwarded": func() error {
+			f := store.NewEvent{ID: "evt_f1", Tenant: "m", Type: "payment.succeeded", Payload: `{}`, CreatedAt: now}
+			if _, _, err := s.InsertEvent(ctx, s.SQLConn(db.DB), f, false); err != nil {
+				return err
+			}
+			evs, err := s.ClaimUnforwarded(ctx, "fwd", time.Minute, 10)
+			if err == nil && len(evs) != 1 {
+				err = fmt.Errorf("ClaimUnforwarded: %d events", len(evs))
+			}
+			return err
+		},
+		"MarkForwarded": func() error { return s.MarkForwarded(ctx, "fwd", now, []string{"evt_f1"}, []string{"evt_f1"}) },
+		"MarkUnrouted":  func() error { return s.MarkUnrouted(ctx, []string{"evt_f1"}) },
+		"Subscriptions": func() error { _, err := s.Subscriptions(ctx, []string{"m"}); return err },
+		"CopyEvents": func() error {
+			return s.CopyEvents(ctx, now, []store.ForwardEvent{{ID: "evt_c1", Tenant: "m", Type: "t", Version: 1, Payload: []byte(`{}`), CreatedAt: now}}, nil)
+		},
+		"EndpointsByID": func() error { _, err := s.EndpointsByID(ctx, []string{ep.ID}); return err },
+		"BrokerComplete": func() error {
+			c := store.Completion{EventID: "evt_c1", EndpointID: ep.ID, Attempt: 1, State: store.StatePending, Attempts: 1, Record: true,
+				Status: 500, Error: "HTTP 500", NextAt: now.Add(time.Hour), CreatedAt: now,
+				Records: []store.AttemptRecord{{Attempt: 1, StartedAt: now, Status: 500, Error: "HTTP 500"}}}
+			res, err := s.BrokerComplete(ctx, store.BrokerOwner("S"), now, []store.Completion{c})
+			if err == nil && len(res.Written) != 1 {
+				err = errors.New("broker completion not written")
+			}
+			return err
+		},
+		"BrokerRows": func() error {
+			_, _, err := s.BrokerRows(ctx, []int64{1}, [][2]string{{"evt_c1", ep.ID}})
+			return err
+		},
+		"ClaimDueRows": func() error { _, err := s.ClaimDueRows(ctx, store.BrokerOwner("S"), time.Minute, now.Add(2*time.Hour), 10); return err },
+		"BrokerKey": func() error {
+			_, err := s.BrokerKey(ctx, "S", now, nil, nil)
+			return err
+		},
 		"DeleteEndpoint": func() error { return s.DeleteEndpoint(ctx, ep.ID) },
 	}
 	order := []string{"CheckSchema", "CheckPooler", "Migrate", "Partition", "Partitioning", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
@@ -388,7 +456,9 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"Backlog", "Undispatched", "SecretsPage", "SecretKeySamples", "RewriteSecrets", "DeadLettersByEndpoint", "RefusedDeadLettersByEndpoint", "ListDead", "CountDead", "EventPayload", "DeadIDs", "ReplayDead", "PurgeDead",
 		"RecordAttemptTimes", "CarryRefusal", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
-		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
+		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit",
+		"ForwardLease", "CurrentSnapshot", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
+		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "BrokerKey", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
 	}
@@ -401,6 +471,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	// Methods that run no statement of their own.
 	noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
 		"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
+		"BrokerCompleteQueries": true, "ForwardQueries": true,
 		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true, "RecoverStatements": true}
 	var missing []string
 	typ := reflect.TypeFor[*store.Store]()

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -32,6 +33,9 @@ func TestBrokerIsolation(t *testing.T) {
 
 		var hangNow, hangMax atomic.Int64
 		hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// The server notices the client hanging up only once the body
+			// is read.
+			_, _ = io.Copy(io.Discard, r.Body)
 			n := hangNow.Add(1)
 			defer hangNow.Add(-1)
 			for {
