@@ -215,14 +215,22 @@ func (c *completer) flushQueue(ctx context.Context, batch []outcome) ([]outcome,
 	r := c.r
 	var settle []queue.Settlement
 	var write []outcome
+	now := r.clock.Now()
 	for _, x := range batch {
 		d := x.q.d
+		if x.refused && !d.RefusedSince.IsZero() && r.cfg.RefusedLimit > 0 && now.Sub(d.RefusedSince) >= r.cfg.RefusedLimit {
+			// Refused by the target rules of every worker that had it
+			// (each refusal queues it again, for any worker) for longer
+			// than RefusedLimit: a dead letter of its own reason, which a
+			// replay sends once the rules or the URL are fixed.
+			x.State, x.NextAt, x.Refused = store.StateDead, time.Time{}, true
+		}
 		if x.State == store.StatePending && x.Attempts < x.Attempt {
 			// Not attempted (stopping, no key to sign with, refused by
 			// this relay's target rules): back to the queue, unspent.
 			s := queue.Settlement{D: d, Action: queue.Defer, At: x.NextAt, Base: d.Base, Attempt: x.Attempt, Row: d.Row, RefusedSince: d.RefusedSince}
 			if x.refused && s.RefusedSince.IsZero() {
-				s.RefusedSince = r.clock.Now()
+				s.RefusedSince = now
 			}
 			if r.stopping.Load() && !x.refused {
 				s.Action = queue.Release

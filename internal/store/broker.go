@@ -127,7 +127,9 @@ func (s *Store) BrokerRows(ctx context.Context, ids []int64, pairs [][2]string) 
 //     to owner, with Base attempts recorded.
 //
 // A pending outcome (a retry the broker will hand out at NextAt) leaves the
-// row 'pending' and leased to owner; any other leaves it unleased. Attempt
+// row 'pending' and leased to owner; any other leaves it unleased. A dead
+// outcome with Refused set is a refusal past the refusing relay's limit:
+// its dead letter's reason is DeadReasonRefused. Attempt
 // records, inline first attempts (InlineAttempt) and dead letters are
 // written with it in the same statement. Refusals are handled as Complete
 // handles them; a completion neither written, refused nor unwritten was
@@ -175,7 +177,7 @@ func brokerRowOwner(c Completion, owner string) any {
 const pgBrokerComplete = `WITH c AS (
     SELECT * FROM json_to_recordset($1::json) AS x(i int, id bigint, base int, event_id text, endpoint_id text,
         state text, attempts int, next_at timestamptz, owner text, record boolean, status int, error text,
-        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, created_at timestamptz)
+        ok_started_at timestamptz, ok_duration_us bigint, ok_excerpt text, created_at timestamptz, reason text)
     WHERE {{async}}
 ), upd AS (
     UPDATE txhook_deliveries d
@@ -214,9 +216,10 @@ const pgBrokerComplete = `WITH c AS (
         duration_us bigint, status int, excerpt text, error text)
     JOIN done ON done.i = a.i
 ), dead AS (
-    INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at)
-    SELECT done.id, done.event_id, done.endpoint_id, e.tenant, e.type, done.attempts, done.last_status, done.last_error, $2
-    FROM done JOIN txhook_events e ON e.id = done.event_id
+    INSERT INTO txhook_dead_letters (delivery_id, event_id, endpoint_id, tenant, event_type, attempts, last_status, last_error, failed_at, reason)
+    SELECT done.id, done.event_id, done.endpoint_id, e.tenant, e.type, done.attempts, done.last_status, done.last_error, $2,
+           COALESCE(c.reason, 'failed')
+    FROM done JOIN c ON c.i = done.i JOIN txhook_events e ON e.id = done.event_id
     WHERE done.state = 'dead'
     ON CONFLICT (delivery_id) DO NOTHING
 )
@@ -239,6 +242,7 @@ type pgBrokerRow struct {
 	OKDurationUS int64   `json:"ok_duration_us,omitempty"`
 	OKExcerpt    *string `json:"ok_excerpt,omitempty"`
 	CreatedAt    string  `json:"created_at"`
+	Reason       string  `json:"reason,omitempty"`
 }
 
 type pgBrokerAttempt struct {
@@ -272,6 +276,9 @@ func (s *Store) pgBrokerBatch(ctx context.Context, owner string, now time.Time, 
 		r := pgBrokerRow{I: k, ID: c.ID, Base: c.Base, EventID: c.EventID, EndpointID: c.EndpointID,
 			State: c.State, Attempts: c.Attempts, Record: c.Record, Status: c.Status, Error: c.Error,
 			CreatedAt: jsonTS(c.CreatedAt)}
+		if c.Refused && c.State == StateDead {
+			r.Reason = DeadReasonRefused
+		}
 		if !c.NextAt.IsZero() {
 			t := jsonTS(c.NextAt)
 			r.NextAt = &t
@@ -409,7 +416,11 @@ func (s *Store) sqliteBrokerBatch(ctx context.Context, owner string, now time.Ti
 				}
 			}
 			if c.State == StateDead {
-				if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), id); err != nil {
+				reason := DeadReasonFailed
+				if c.Refused {
+					reason = DeadReasonRefused
+				}
+				if _, err := q.ExecContext(ctx, sqliteInsertDeadLetter, s.T(now), reason, id); err != nil {
 					return err
 				}
 			}
