@@ -379,7 +379,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, err := s.ListAudit(ctx, store.AuditFilter{Tenant: "m", Action: "x", Since: now.Add(-time.Hour), Until: now.Add(time.Hour)}, &store.AuditCursor{At: now.Add(time.Hour), ID: 1 << 40}, 10)
 			return err
 		},
-		"PruneAudit":     func() error { _, err := s.PruneAudit(ctx, now.Add(time.Hour), 10); return err },
+		"PruneAudit": func() error { _, err := s.PruneAudit(ctx, now.Add(time.Hour), 10); return err },
 		// Broker mode.
 		"ForwardLease": func() error {
 			_, held, err := s.ForwardLease(ctx, "S", "fwd", time.Minute)
@@ -443,7 +443,10 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, _, err := s.BrokerRows(ctx, []int64{1}, [][2]string{{"evt_c1", ep.ID}})
 			return err
 		},
-		"ClaimDueRows": func() error { _, err := s.ClaimDueRows(ctx, store.BrokerOwner("S"), time.Minute, now.Add(2*time.Hour), 10); return err },
+		"ClaimDueRows": func() error {
+			_, err := s.ClaimDueRows(ctx, store.BrokerOwner("S"), time.Minute, now.Add(2*time.Hour), 10)
+			return err
+		},
 		"BrokerKey": func() error {
 			_, err := s.BrokerKey(ctx, "S", now, nil, nil)
 			return err

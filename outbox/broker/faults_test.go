@@ -179,8 +179,8 @@ func TestBrokerRejectsForeignMessages(t *testing.T) {
 		}
 	}
 	forged := []byte(`{"v":1,"k":"e.evil.` + ep.ID + `","b":0,"a":1,"ep":"` + ep.ID + `","e":{"id":"evil","t":"m","ty":"payment.succeeded","v":1,"c":0},"p":{"steal":true}}`)
-	forge("txhook.q.e.evil."+ep.ID, forged, "")                                       // no MAC
-	forge("txhook.q.e.evil."+ep.ID, forged, genuine.Header.Get("Txhook-Mac"))          // another message's MAC
+	forge("txhook.q.e.evil."+ep.ID, forged, "")                                      // no MAC
+	forge("txhook.q.e.evil."+ep.ID, forged, genuine.Header.Get("Txhook-Mac"))        // another message's MAC
 	forge("txhook.q.e.moved."+ep.ID, genuine.Data, genuine.Header.Get("Txhook-Mac")) // genuine, wrong subject
 	forge("txhook.q.garbage", []byte("\x00\xffnot json"), "bogus")
 	b.worker()
