@@ -12,7 +12,10 @@ import (
 // Implementations must be safe for concurrent use: one Policy serves every
 // delivery of an endpoint.
 type Policy interface {
-	// Next returns the delay between the start of failed attempt n (1-based) and the next attempt; ok is false when attempt n was the last one.
+	// Next returns the delay between the end of failed attempt n
+	// (1-based: its response, or the moment it was cut or failed) and the
+	// start of the next attempt; ok is false when attempt n was the last
+	// one.
 	Next(attempt int) (delay time.Duration, ok bool)
 	// MaxAttempts returns the total number of attempts, including the first.
 	MaxAttempts() int
