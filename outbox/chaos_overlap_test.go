@@ -200,7 +200,15 @@ func TestChaosNoDeliveryInFlightTwice(t *testing.T) {
 				}
 			}
 			began := time.Now()
-			if err := cluster.Restart(ctx); err != nil {
+			err := cluster.Restart(ctx)
+			// Killed backends may hold the shared memory a moment after
+			// the postmaster is gone ("pre-existing shared memory block is
+			// still in use"): try again.
+			for try := 0; err != nil && what == "crash" && try < 20; try++ {
+				time.Sleep(250 * time.Millisecond)
+				err = cluster.Restart(ctx)
+			}
+			if err != nil {
 				fail(fmt.Errorf("PostgreSQL %s: %w", what, err))
 				return
 			}
