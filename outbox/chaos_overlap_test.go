@@ -48,10 +48,13 @@ type chaosPlan struct {
 // attempt's start (an attempt that outlasted the delay was retried at
 // once) and leases without a margin enforced on the request itself.
 //
-// Relays commit their own writes synchronously here (Config.SyncRelayCommits):
-// a database crash that forgot a claim would forget its lease with it, and
-// the delivery could be sent again while the first request is open (see
-// outbox/lease.go).
+// A fast shutdown of PostgreSQL keeps every commit. When the plan kills it
+// too, relays commit their own writes synchronously
+// (Config.SyncRelayCommits): a crash that forgot a claim would forget its
+// lease with it, and the delivery could be sent again while the first
+// request is open (see outbox/lease.go). One long run with asynchronous
+// relay commits and two crashes saw no overlap; the gap is narrow, not
+// closed.
 func TestChaosNoDeliveryInFlightTwice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a PostgreSQL cluster and kills relay processes")
@@ -106,8 +109,10 @@ func TestChaosNoDeliveryInFlightTwice(t *testing.T) {
 	}
 
 	var stderr logBuffer
-	env := []string{"TXHOOK_CHILD_RETRY_BASE=" + base.String(), "TXHOOK_CHILD_ATTEMPTS=5", "TXHOOK_CHILD_LOG_WARN=1",
-		"TXHOOK_CHILD_SYNC_COMMITS=1"}
+	env := []string{"TXHOOK_CHILD_RETRY_BASE=" + base.String(), "TXHOOK_CHILD_ATTEMPTS=5", "TXHOOK_CHILD_LOG_WARN=1"}
+	if plan.crashes > 0 {
+		env = append(env, "TXHOOK_CHILD_SYNC_COMMITS=1")
+	}
 	drivers := []string{"pgx", "pgx", "lib/pq"}
 	var relaysMu sync.Mutex
 	relays := make([]*child, len(drivers))

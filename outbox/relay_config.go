@@ -33,7 +33,11 @@ type RelayConfig struct {
 
 	// Retry decides when a failed delivery is tried again and when it is
 	// dead-lettered. Default retry.Default(): T+0, 10s, 30s, 1m, 5m, 15m,
-	// 1h, 6h, 24h with ±25% jitter, 9 attempts.
+	// 1h, 6h, 24h with ±25% jitter, 9 attempts. Each delay counts from the
+	// end of the failed attempt (its response, or the moment it timed out
+	// or failed), by the clock of the relay that made it: a relay whose
+	// clock runs ahead of that one's takes the retry early by the
+	// difference (see Lease for the warning about clocks).
 	Retry retry.Policy
 
 	// Concurrency is the most requests in flight at once. Default 32.
