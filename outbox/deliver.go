@@ -114,8 +114,9 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		}
 		return releaseOutcome(out, now), 0
 	}
-	// Cut at the lease's safety margin, whatever delayed the start.
-	ctx, cancel := context.WithDeadline(r.httpCtx, j.lease.cutOff)
+	// Cut after Timeout, and at the lease's safety margin whatever
+	// delayed the start.
+	ctx, cancel := context.WithDeadline(r.httpCtx, earliest(time.Now().Add(r.cfg.Timeout), j.lease.cutOff))
 	res := r.client.PostCert(ctx, c.URL, h, body, cert)
 	cancel()
 	if res.Err != nil && refusedByRules(res, c.URL) && r.httpCtx.Err() == nil {
@@ -145,6 +146,13 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		hint = res.RetryAfter
 	}
 	return r.fail(out, now, r.clock.Now(), res.Status, msg, hint, false), res.Duration
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // endpointTransport returns the endpoint's custom headers and client
