@@ -101,7 +101,9 @@ func durationOf(f float64) time.Duration {
 // for a Schedule or an Exponential (a Schedule's last offset), as Next
 // returns them for any other Policy (which may implement Span()
 // time.Duration itself). It saturates at the largest Duration, and adds
-// at most the first 10,000 delays.
+// at most the first 10,000 delays. Delays count from the end of each
+// attempt, so attempts that take time (timeouts) lengthen the real span
+// by their durations.
 func Span(p Policy) time.Duration {
 	switch x := p.(type) {
 	case interface{ Span() time.Duration }:
