@@ -115,17 +115,6 @@ func TestChaosRelaysKilledUnderFailingReceivers(t *testing.T) {
 	for i, s := range subs {
 		eps[i] = b.endpoint(s.tenant, srv.URL+"/ep"+strconv.Itoa(i), s.types...)
 	}
-	matches := func(s sub, typ string) bool {
-		if len(s.types) == 0 {
-			return true
-		}
-		for _, p := range s.types {
-			if p == typ || strings.HasSuffix(p, "*") && strings.HasPrefix(typ, strings.TrimSuffix(p, "*")) {
-				return true
-			}
-		}
-		return false
-	}
 
 	var stderr logBuffer // the relays' stderr
 	env := []string{"TXHOOK_CHILD_FAST_RETRY=1", "TXHOOK_CHILD_ATTEMPTS=4", "TXHOOK_CHILD_LOG_WARN=1", "TXHOOK_CHILD_HEALTH_SWEEP=1s"}
@@ -256,7 +245,7 @@ FROM txhook_deliveries d`)
 	want := 0
 	for _, e := range events {
 		for i, s := range subs {
-			if s.tenant != e.tenant || !matches(s, e.typ) {
+			if s.tenant != e.tenant || !subscribes(s.types, e.typ) {
 				continue
 			}
 			want++

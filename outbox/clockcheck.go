@@ -54,7 +54,7 @@ func (r *Relay) checkClock(ctx context.Context) {
 		return
 	}
 	c.next = time.Now().Add(clockCheckInterval)
-	tolerance := r.cfg.Lease / 5
+	tolerance := leaseMargin(r.cfg.Lease)
 	beyond := offset.Abs()-rtt/2 > tolerance
 	switch {
 	case beyond && !c.beyond:

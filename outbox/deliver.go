@@ -39,9 +39,9 @@ var (
 func (r *Relay) process(j *job) (outcome, time.Duration) {
 	c := &j.c
 	now := r.clock.Now()
-	out := newOutcome(j, now, r.leaseEnd(j))
+	out := newOutcome(j, now, j.lease.end)
 	switch {
-	case r.stopping.Load(), time.Now().After(j.startBy):
+	case r.stopping.Load(), time.Now().After(j.lease.startBy):
 		// Stopping, or waited so long the lease might not cover a request.
 		return releaseOutcome(out, now), 0
 	case !c.EndpointFound:
@@ -103,7 +103,22 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 		return r.fail(out, now, now, 0, "signing failed: "+err.Error(), "", false), 0
 	}
 
-	res := r.client.PostCert(r.httpCtx, c.URL, h, body, cert)
+	if time.Now().After(j.lease.startBy) {
+		// What ran since the check above (a Catalog converter, the Cipher
+		// asking a key service) took so long that the request might
+		// outlast the lease, and another relay might send the delivery
+		// while it is open: nothing is sent, no attempt spent.
+		if r.late.due(c.EndpointID, time.Now()) {
+			r.log.Warn("txhook: preparing a delivery (version conversion, secret decryption) took so long that its lease could not cover the request; given back unsent",
+				"endpoint", c.EndpointID, "event", c.EventID)
+		}
+		return releaseOutcome(out, now), 0
+	}
+	// Cut after Timeout, and at the lease's safety margin whatever
+	// delayed the start.
+	ctx, cancel := context.WithDeadline(r.httpCtx, earliest(time.Now().Add(r.cfg.Timeout), j.lease.cutOff))
+	res := r.client.PostCert(ctx, c.URL, h, body, cert)
+	cancel()
 	if res.Err != nil && refusedByRules(res, c.URL) && r.httpCtx.Err() == nil {
 		return r.refuse(out, now, c.EndpointID, res.Err), 0
 	}
@@ -133,6 +148,13 @@ func (r *Relay) process(j *job) (outcome, time.Duration) {
 	return r.fail(out, now, r.clock.Now(), res.Status, msg, hint, false), res.Duration
 }
 
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // endpointTransport returns the endpoint's custom headers and client
 // certificate, decoded (and decrypted) once per distinct stored value.
 // Headers or a key that do not decrypt are a *SecretsError.
@@ -145,8 +167,9 @@ func (r *Relay) endpointTransport(c *store.Claimed) (map[string]string, *tls.Cer
 	return h, cert, err
 }
 
-// fail schedules the next attempt after a failed one, or dead-letters the
-// delivery when the policy has no attempt left (or final is set). msg and
+// fail schedules the next attempt after a failed one, started at started
+// and ended at now, or dead-letters the delivery when the policy has no
+// attempt left (or final is set). msg and
 // the attempt's record may hold what a receiver chose (a certificate's
 // names, a redirect target): they are cleaned here, so that the log line
 // and the callbacks carry what the database will.
@@ -164,14 +187,13 @@ func (r *Relay) fail(out outcome, started, now time.Time, status int, msg, retry
 	}
 	if retryAfter != "" {
 		if hint, ok := retry.ParseRetryAfter(retryAfter, now); ok {
-			// The hint counts from the response; the policy from the start.
-			delay = retry.WithRetryAfter(delay, hint+now.Sub(started), r.cfg.MaxRetryAfter)
+			delay = retry.WithRetryAfter(delay, hint, r.cfg.MaxRetryAfter)
 		}
 	}
-	next := started.Add(delay)
-	if next.Before(now) {
-		next = now
-	}
+	// The delay, and a Retry-After hint, count from the attempt's end (now):
+	// a receiver that was slow to answer, or still working when the
+	// request was cut, gets the whole pause before the next request.
+	next := now.Add(delay)
 	out.State, out.NextAt = store.StatePending, next
 	r.log.Info("txhook: delivery failed; will retry", "event", out.eventID, "type", out.eventType,
 		"endpoint", out.endpointID, "attempt", out.Attempt, "status", status, "error", msg, "next_attempt_at", next)
@@ -214,13 +236,7 @@ func releaseOutcome(out outcome, at time.Time) outcome {
 
 // postpone gives j back, due at `at`, without spending its attempt.
 func (r *Relay) postpone(j *job, at time.Time) outcome {
-	return releaseOutcome(newOutcome(j, r.clock.Now(), r.leaseEnd(j)), at)
-}
-
-// leaseEnd is when j's lease ends on the local monotonic clock, as far as
-// the relay can tell: startBy leaves Timeout and a fifth of the lease.
-func (r *Relay) leaseEnd(j *job) time.Time {
-	return j.startBy.Add(r.cfg.Timeout + r.cfg.Lease/5)
+	return releaseOutcome(newOutcome(j, r.clock.Now(), j.lease.end), at)
 }
 
 func (r *Relay) deadLettered(x *outcome) {

@@ -329,11 +329,11 @@ const maxPayloadDepth = 64
 func checkPayload(p []byte) error {
 	switch {
 	case len(p) == 0:
-		return fmt.Errorf("%w: payload is empty", ErrInvalidPayload)
+		return fmt.Errorf("%w: it is empty, and a payload must be a JSON value", ErrInvalidPayload)
 	case !utf8.Valid(p):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidPayload)
+		return fmt.Errorf("%w: it is not valid UTF-8", ErrInvalidPayload)
 	case !json.Valid(p):
-		return ErrInvalidPayload
+		return fmt.Errorf("%w: it is not valid JSON", ErrInvalidPayload)
 	}
 	// Most payloads have neither escapes nor many brackets: two counts and
 	// a search, much faster than the scan below, clear them.
@@ -350,7 +350,7 @@ func checkPayload(p []byte) error {
 				inString = true
 			case '[', '{':
 				if depth++; depth > maxPayloadDepth {
-					return fmt.Errorf("%w: nested more than %d levels deep", ErrInvalidPayload, maxPayloadDepth)
+					return fmt.Errorf("%w: it is valid JSON nested more than %d levels deep, beyond what common receivers parse (Ruby's parser stops at 100 levels)", ErrInvalidPayload, maxPayloadDepth)
 				}
 			case ']', '}':
 				depth--
@@ -369,7 +369,7 @@ func checkPayload(p []byte) error {
 			i += 4
 			switch {
 			case r == 0:
-				return fmt.Errorf("%w: \\u0000 at byte %d", ErrInvalidPayload, i-5)
+				return fmt.Errorf("%w: the \\u0000 escape at byte %d is valid JSON, but it stands for a NUL character, which PostgreSQL's jsonb and text cannot store, so txhook refuses it on every database; drop it, or send binary data base64-encoded", ErrInvalidPayload, i-5)
 			case utf16.IsSurrogate(r):
 				// A high surrogate must be followed by an escaped low one.
 				if r < 0xdc00 && i+6 < len(p) && p[i+1] == '\\' && p[i+2] == 'u' {
@@ -378,7 +378,7 @@ func checkPayload(p []byte) error {
 						continue
 					}
 				}
-				return fmt.Errorf("%w: unpaired surrogate escape at byte %d", ErrInvalidPayload, i-5)
+				return fmt.Errorf("%w: the unpaired surrogate escape at byte %d is valid JSON, but stands for no Unicode character: PostgreSQL's jsonb refuses it and decoders replace it, so txhook refuses it on every database", ErrInvalidPayload, i-5)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"math"
 	"strings"
@@ -77,12 +78,35 @@ func TestEnqueueRefusesWhatTheDatabaseWouldRefuseKeepingTheCallersTx(t *testing.
 			{"invalid UTF-8 ID", with(func(e *outbox.Event) { e.ID = "evt_\xff" }), outbox.ErrInvalidEvent},
 			{"invalid UTF-8 type", with(func(e *outbox.Event) { e.Type = "a.\xff" }), outbox.ErrInvalidEvent},
 		}
+		// What the error says: what is refused, and why. A payload that is
+		// valid JSON is never called invalid JSON.
+		says := map[string][]string{
+			"invalid UTF-8 payload":      {"not valid UTF-8"},
+			"surrogate bytes in payload": {"not valid UTF-8"},
+			"escaped NUL in payload":     {`\u0000 escape at byte 7 is valid JSON`, "NUL character", "cannot store"},
+			"lone high surrogate":        {"unpaired surrogate escape at byte 1 is valid JSON", "no Unicode character"},
+			"lone low surrogate":         {"unpaired surrogate escape at byte 1 is valid JSON"},
+			"high surrogate then letter": {"unpaired surrogate escape at byte 1 is valid JSON"},
+			"nested 65 deep":             {"valid JSON nested more than 64 levels deep", "receivers"},
+			"byte order mark":            {"not valid JSON"},
+		}
 		for _, c := range cases {
 			tx := b.businessTx(c.name)
 			_, err := b.ob.Enqueue(b.ctx, tx, c.ev)
 			if !errors.Is(err, c.want) {
 				tx.Rollback()
 				t.Fatalf("%s: err = %v, want %v", c.name, err, c.want)
+			}
+			if want, ok := says[c.name]; ok {
+				msg := err.Error()
+				for _, w := range want {
+					if !strings.Contains(msg, w) {
+						t.Errorf("%s: error %q does not say %q", c.name, msg, w)
+					}
+				}
+				if validJSON := json.Valid(c.ev.Payload); validJSON && strings.Contains(msg, "not valid JSON") {
+					t.Errorf("%s: error %q calls valid JSON invalid", c.name, msg)
+				}
 			}
 			b.mustStillCommit(c.name, tx, c.name)
 		}

@@ -352,9 +352,10 @@ var (
 	// ErrInvalidEvent: the event is missing a tenant or type, or has a
 	// malformed ID, type or idempotency key.
 	ErrInvalidEvent = errors.New("txhook: invalid event")
-	// ErrInvalidPayload: the payload is not valid JSON, or is JSON that a
-	// database or receiver would refuse (see Event.Payload).
-	ErrInvalidPayload = errors.New("txhook: payload is not valid JSON")
+	// ErrInvalidPayload: the payload is not valid JSON, or is valid JSON
+	// that a database or receiver would refuse (see Event.Payload); the
+	// error says which, and why.
+	ErrInvalidPayload = errors.New("txhook: payload refused")
 	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("txhook: payload too large")
 	// ErrEventConflict: the event's ID is taken by a different event

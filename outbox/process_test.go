@@ -52,7 +52,8 @@ func runChildRelay() int {
 		level = slog.LevelWarn
 	}
 	cfg := outbox.Config{AllowHTTP: true, AllowPrivateTargets: true,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))}
+		Logger:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		SyncRelayCommits: os.Getenv("TXHOOK_CHILD_SYNC_COMMITS") == "1"}
 	cfg.Listener = testlisten.For(driver, dsn)
 	// Through PgBouncer (see childEnv).
 	if cfg.Schema = os.Getenv("TXHOOK_CHILD_SCHEMA"); os.Getenv("TXHOOK_CHILD_TX_POOLING") == "1" {
@@ -76,6 +77,13 @@ func runChildRelay() int {
 	}
 	if n, _ := strconv.Atoi(os.Getenv("TXHOOK_CHILD_ATTEMPTS")); n > 0 {
 		rcfg.Retry = fastRetryAttempts(n)
+	}
+	// A policy with real pauses, ±25% jitter, its breaker's cooldown as
+	// short as its base.
+	if base, _ := time.ParseDuration(os.Getenv("TXHOOK_CHILD_RETRY_BASE")); base > 0 {
+		n, _ := strconv.Atoi(os.Getenv("TXHOOK_CHILD_ATTEMPTS"))
+		rcfg.Retry = retry.Exponential{Base: base, Factor: 2, Cap: 8 * base, Attempts: max(n, 2), Jitter: 0.25}
+		rcfg.BreakerCooldown = base
 	}
 	r, err := ob.NewRelay(rcfg)
 	if err != nil {

@@ -66,6 +66,7 @@ type Relay struct {
 	pins      pinCache
 	transport transportCache
 	refusals  logLimiter
+	late      logLimiter // deliveries given back because preparing them outlasted startBy
 	stats     relayCounters
 
 	clockCheck clockCheck // this relay's clock against the database's; see clockcheck.go
@@ -134,10 +135,10 @@ func (r *Relay) Stats() RelayStats {
 type job struct {
 	c  store.Claimed
 	sj sched.Job
-	// startBy is the last local time at which sending may begin with the
-	// whole request still inside the lease.
-	startBy time.Time
-	span    trace.Span // the attempt's, while it runs with tracing on
+	// lease is the claim's lease on the local monotonic clock: when the
+	// request may start by, when it is cut, when the lease ends.
+	lease leaseTimes
+	span  trace.Span // the attempt's, while it runs with tracing on
 	// claimedAt is when the claim ran (the relay's clock); event is set for
 	// a first attempt claimed with its event (c.ID 0): what the jobs of
 	// that event share.
@@ -557,8 +558,8 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 	// The database times the lease by its own clock from when the statement
 	// runs, after this instant: measured locally from here, on the
 	// monotonic clock, it is a conservative bound whatever either clock
-	// reads.
-	startBy := time.Now().Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5)
+	// reads (see lease.go).
+	lease := leaseWindow(time.Now(), r.cfg.Lease, r.cfg.Timeout)
 	got := 0
 	take := func(batch []store.Claimed) {
 		r.stats.claimed.Add(uint64(len(batch)))
@@ -580,7 +581,7 @@ func (r *Relay) claim(ctx context.Context, n int) (int, error) {
 		}
 		for i := range batch {
 			r.held.Add(1)
-			j := &job{c: batch[i], startBy: startBy, claimedAt: start}
+			j := &job{c: batch[i], lease: lease, claimedAt: start}
 			if j.c.ID == 0 {
 				j.event = events[j.c.EventID]
 			}

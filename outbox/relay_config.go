@@ -33,7 +33,11 @@ type RelayConfig struct {
 
 	// Retry decides when a failed delivery is tried again and when it is
 	// dead-lettered. Default retry.Default(): T+0, 10s, 30s, 1m, 5m, 15m,
-	// 1h, 6h, 24h with ±25% jitter, 9 attempts.
+	// 1h, 6h, 24h with ±25% jitter, 9 attempts. Each delay counts from the
+	// end of the failed attempt (its response, or the moment it timed out
+	// or failed), by the clock of the relay that made it: a relay whose
+	// clock runs ahead of that one's takes the retry early by the
+	// difference (see Lease for the warning about clocks).
 	Retry retry.Policy
 
 	// Concurrency is the most requests in flight at once. Default 32.
@@ -48,13 +52,18 @@ type RelayConfig struct {
 	BatchSize int
 
 	// Lease is how long a claim holds a delivery. A relay that dies leaves
-	// its deliveries to others once their lease expires; a delivery is
-	// never started unless Timeout plus a fifth of Lease remain of it, so
-	// two relays never have it in flight at once. The database's clock
-	// times leases, so this holds however far the relays' clocks are off.
-	// A relay whose clock (Config.Clock) is more than a fifth of Lease
-	// from the database's logs a warning: the retry times it schedules,
-	// and which pending deliveries it takes as due, follow its own clock.
+	// its deliveries to others once their lease expires. The last fifth
+	// of every lease is a safety margin in which its holder has no request
+	// open: a request starts only while Timeout still fits before the
+	// margin, and is cut when the margin begins, whatever delayed it. So
+	// when another relay takes a delivery over, the previous request has
+	// been over for at least a fifth of Lease, and two relays never have
+	// it in flight at once, not even as the receiver sees it. The
+	// database's clock times leases, so this holds however far the relays'
+	// clocks are off. A relay whose clock (Config.Clock) is more than a
+	// fifth of Lease from the database's logs a warning: the retry times
+	// it schedules, and which pending deliveries it takes as due, follow
+	// its own clock.
 	// A lease also bounds each round of the relay's statements (a claim, a
 	// batch of outcomes), so a database that stops answering without
 	// closing its connections holds the relay for one lease at most (see
@@ -337,8 +346,8 @@ func (c RelayConfig) validate() error {
 		return bad("BatchSize %d not in 1..5000", c.BatchSize)
 	case c.Timeout <= 0 || c.ConnectTimeout <= 0 || c.PollInterval <= 0 || c.MaxRetryAfter < 0:
 		return bad("timeouts and intervals must be positive")
-	case c.Lease-c.Timeout-c.Lease/5 < 100*time.Millisecond:
-		return bad("Lease %s too short for Timeout %s: a request must fit in four fifths of a lease", c.Lease, c.Timeout)
+	case c.Lease-leaseMargin(c.Lease)-c.Timeout < 100*time.Millisecond:
+		return bad("Lease %s too short for Timeout %s: a request must fit in the lease less its safety margin (a fifth), with 100 ms to spare", c.Lease, c.Timeout)
 	case c.MaxResponseBytes < 0:
 		return bad("MaxResponseBytes is negative")
 	case c.Retry.MaxAttempts() < 1:

@@ -96,10 +96,11 @@ func benchAttempt(b *testing.B, cfg Config) {
 		EndpointFound: true, URL: srv.URL, Enabled: true,
 		Secrets: encodeSecrets([]Secret{{Value: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}),
 	}
+	lease := leaseWindow(time.Now().Add(time.Hour), time.Minute, time.Second)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		j := &job{c: c, startBy: time.Now().Add(time.Hour)}
+		j := &job{c: c, lease: lease}
 		out, _ := r.process(j)
 		r.endAttempt(j, &out)
 		if out.State != store.StateSucceeded {

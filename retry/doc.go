@@ -29,21 +29,32 @@
 //
 // # Use
 //
-// Delays are measured from the start of the failed attempt, so a slow timeout
-// does not push the whole schedule later:
+// Delays are measured from the end of the failed attempt: when its response
+// arrived, or when it failed or was cut at the timeout. A receiver that is
+// slow, or still working on a request the sender gave up on, so gets the
+// whole pause before the next request; counted from the start, any attempt
+// that lasts longer than the next delay (a timeout, with a short first
+// interval) would be retried at once, while the receiver may still be
+// running the first. A Retry-After hint counts from the response too, as
+// HTTP defines it:
 //
 //	policy := retry.Default()
 //	if err := policy.Validate(); err != nil { // once, at configuration time
 //		return err
 //	}
 //
-//	// attempt n (1-based), started at startedAt, has failed:
+//	// attempt n (1-based) has failed; endedAt is when its response came
+//	// (or the timeout or error ended it):
 //	delay, ok := policy.Next(n)
 //	if !ok {
 //		return deadLetter(event) // attempt n was the last
 //	}
-//	hint, _ := retry.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
-//	event.NextRetryAt = startedAt.Add(retry.WithRetryAfter(delay, hint, time.Hour))
+//	hint, _ := retry.ParseRetryAfter(resp.Header.Get("Retry-After"), endedAt)
+//	event.NextRetryAt = endedAt.Add(retry.WithRetryAfter(delay, hint, time.Hour))
+//
+// The schedule's offsets ([Schedule], [Default]) are therefore the nominal
+// times of attempts against a receiver that answers at once; a slow one
+// shifts every later attempt by the time its requests took.
 //
 // Policies are values that are safe for concurrent use. Randomness is
 // injectable through the Rand field (a func returning draws in [0,1)), so

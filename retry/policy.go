@@ -12,7 +12,10 @@ import (
 // Implementations must be safe for concurrent use: one Policy serves every
 // delivery of an endpoint.
 type Policy interface {
-	// Next returns the delay between the start of failed attempt n (1-based) and the next attempt; ok is false when attempt n was the last one.
+	// Next returns the delay between the end of failed attempt n
+	// (1-based: its response, or the moment it was cut or failed) and the
+	// start of the next attempt; ok is false when attempt n was the last
+	// one.
 	Next(attempt int) (delay time.Duration, ok bool)
 	// MaxAttempts returns the total number of attempts, including the first.
 	MaxAttempts() int
@@ -98,7 +101,9 @@ func durationOf(f float64) time.Duration {
 // for a Schedule or an Exponential (a Schedule's last offset), as Next
 // returns them for any other Policy (which may implement Span()
 // time.Duration itself). It saturates at the largest Duration, and adds
-// at most the first 10,000 delays.
+// at most the first 10,000 delays. Delays count from the end of each
+// attempt, so attempts that take time (timeouts) lengthen the real span
+// by their durations.
 func Span(p Policy) time.Duration {
 	switch x := p.(type) {
 	case interface{ Span() time.Duration }:

@@ -8,6 +8,10 @@ import (
 
 // Schedule is a list of attempt times as offsets from the first attempt: Offsets[0] must be 0 (the first attempt); Offsets are strictly increasing. The delay after attempt n is Offsets[n]-Offsets[n-1], with jitter applied to that gap.
 //
+// The delay counts from the end of attempt n (see [Policy]), so the offsets
+// are exact for a receiver that answers at once; each slow or timed-out
+// attempt moves the later ones by its duration.
+//
 // Each gap is jittered on its own, so with Jitter 0.25 the last attempt of
 // Default lands anywhere between 18h and 30h after the first, not exactly at
 // 24h. A Schedule is safe for concurrent use as long as Offsets is not

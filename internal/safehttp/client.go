@@ -197,8 +197,13 @@ func (c *Client) PostCert(ctx context.Context, url string, header http.Header, b
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start) }()
 
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
+	// A caller's deadline within Timeout bounds the Post alone: no second
+	// timer for each request.
+	if d, ok := ctx.Deadline(); !ok || d.Sub(start) > c.cfg.Timeout {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {

@@ -424,6 +424,35 @@ func TestPostHangingReceiver(t *testing.T) {
 	}
 }
 
+// Whichever comes first bounds a Post: Timeout, or the caller's deadline
+// (the relay's lease, cut at its safety margin).
+func TestPostHangingReceiverCallerDeadline(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := startServer(t, plainHTTP, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	t.Cleanup(func() { close(release) }) // runs before srv.Close
+	for _, tc := range []struct {
+		timeout, deadline time.Duration
+	}{
+		{20 * time.Second, 200 * time.Millisecond}, // the caller's deadline first
+		{200 * time.Millisecond, 20 * time.Second}, // Timeout first
+	} {
+		c := New(roomy(Config{AllowHTTP: true, AllowPrivate: true, Timeout: tc.timeout}))
+		ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
+		res := c.Post(ctx, srv.URL, nil, []byte(`{}`))
+		cancel()
+		wantErr(t, res, ErrTimeout)
+		if res.Duration < 200*time.Millisecond || res.Duration > 5*time.Second {
+			t.Fatalf("Timeout %v, deadline in %v: Duration = %v, want about 200ms", tc.timeout, tc.deadline, res.Duration)
+		}
+	}
+}
+
 func TestPostConnectTimeout(t *testing.T) {
 	t.Parallel()
 	cfg := Config{AllowHTTP: true, AllowPrivate: true, ConnectTimeout: 100 * time.Millisecond, Timeout: 20 * time.Second,
