@@ -174,7 +174,7 @@ func (r *Relay) take(ctx context.Context, ds []*queue.Delivery) {
 		c.EventID, c.Tenant, c.Type, c.Version, c.Payload, c.EventTime = d.Event.ID, d.Event.Tenant, d.Event.Type, d.Event.Version, d.Event.Payload, d.Event.CreatedAt
 		c.TraceParent, c.TraceState, c.EndpointID, c.EndpointFound = d.Event.TraceParent, d.Event.TraceState, d.EndpointID, found
 		r.held.Add(1)
-		j := &job{c: c, startBy: d.Received.Add(r.cfg.Lease - r.cfg.Timeout - r.cfg.Lease/5), claimedAt: now,
+		j := &job{c: c, lease: leaseWindow(d.Received, r.cfg.Lease, r.cfg.Timeout), claimedAt: now,
 			q: &queued{d: d, lapsed: lapsed}}
 		r.dispatch(j)
 	}

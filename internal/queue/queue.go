@@ -48,8 +48,9 @@ type Delivery struct {
 	RefusedSince time.Time
 	Event        Event
 	EndpointID   string
-	// Received is when the relay got the message, on the local monotonic
-	// clock: the queue's lease on it started no earlier.
+	// Received is, on the local monotonic clock, a moment before the
+	// queue handed the message out (when the relay asked for it): the
+	// queue's lease on it started no earlier.
 	Received time.Time
 	// Handle is the queue's own.
 	Handle any

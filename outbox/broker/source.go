@@ -30,9 +30,11 @@ type source struct {
 
 	// batch is the pull request under way, which Receive takes messages
 	// from as they arrive; a new one is made, sized to what the relay can
-	// take then, once it ends.
+	// take then, once it ends. asked is when it was sent: JetStream's
+	// lease on each message it brings (AckWait) starts later.
 	mu    sync.Mutex
 	batch jetstream.MessageBatch
+	asked time.Time
 }
 
 // fetchWait bounds one pull request: its messages are taken as they
@@ -60,15 +62,16 @@ func (s *source) Open(ctx context.Context) error {
 
 func (s *source) Receive(ctx context.Context, max int) ([]*queue.Delivery, error) {
 	s.mu.Lock()
-	batch := s.batch
+	batch, asked := s.batch, s.asked
 	s.mu.Unlock()
 	if batch == nil {
+		asked = time.Now()
 		b, err := s.cons.Fetch(max, jetstream.FetchMaxWait(fetchWait))
 		if err != nil {
 			return nil, classify(err)
 		}
 		s.mu.Lock()
-		s.batch, batch = b, b
+		s.batch, s.asked, batch = b, asked, b
 		s.mu.Unlock()
 	}
 	var out []*queue.Delivery
@@ -82,7 +85,7 @@ func (s *source) Receive(ctx context.Context, max int) ([]*queue.Delivery, error
 			s.endBatch(batch)
 			return nil, classify(batch.Error())
 		}
-		out = s.take(ctx, out, m)
+		out = s.take(ctx, out, m, asked)
 	}
 	// Then whatever has arrived too.
 	for len(out) < max {
@@ -92,7 +95,7 @@ func (s *source) Receive(ctx context.Context, max int) ([]*queue.Delivery, error
 				s.endBatch(batch)
 				return out, nil
 			}
-			out = s.take(ctx, out, m)
+			out = s.take(ctx, out, m, asked)
 		default:
 			return out, nil
 		}
@@ -111,13 +114,13 @@ func (s *source) endBatch(b jetstream.MessageBatch) {
 
 // take checks and decodes m and appends it to out; a message that is not
 // a forwarder's is set aside on the rejected subject, never delivered.
-func (s *source) take(ctx context.Context, out []*queue.Delivery, m jetstream.Msg) []*queue.Delivery {
+func (s *source) take(ctx context.Context, out []*queue.Delivery, m jetstream.Msg, asked time.Time) []*queue.Delivery {
 	d, err := s.seal.decode(s.prefix, m.Subject(), m.Data(), m.Headers().Get(headerMAC))
 	if err != nil {
 		s.reject(ctx, m, err)
 		return out
 	}
-	d.Received = time.Now()
+	d.Received = asked
 	d.Handle = m
 	s.log.Debug("txhook: received", "subject", m.Subject())
 	d.Deliveries = 1
