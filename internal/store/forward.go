@@ -573,3 +573,52 @@ func (s *Store) PendingOrdered(ctx context.Context) (int, error) {
 WHERE dispatched_at IS NULL AND ordering_key IS NOT NULL LIMIT 1000) x`)).Scan(&n)
 	return n, NotMigrated(err)
 }
+
+// PruneForwarded deletes up to limit events of broker mode (forward_xid
+// set) that the cursor at has passed and that were created before
+// `before`, oldest first, and reports how many it looked at and deleted,
+// and whether it reached an event too new (the walk is done). It is for a
+// database whose delivery history lives elsewhere (broker.Config.History),
+// where no delivery row refers to an event: retention keeps events there
+// only as long as it keeps delivered work in the history.
+func (s *Store) PruneForwarded(ctx context.Context, at Snapshot, before time.Time, limit int) (deleted int, done bool, err error) {
+	rows, err := s.DB.QueryContext(ctx, s.Rebind(`SELECT id, created_at FROM txhook_events
+WHERE forward_xid IS NOT NULL AND forward_xid < pg_snapshot_xmin(?::pg_snapshot)
+ORDER BY forward_xid LIMIT ?`), at.arg(), limit)
+	if err != nil {
+		return 0, false, err
+	}
+	var ids []string
+	seen := 0
+	for rows.Next() {
+		var id string
+		var created Time
+		if err := rows.Scan(&id, &created); err != nil {
+			rows.Close()
+			return 0, false, err
+		}
+		seen++
+		if !created.Time.Before(before) {
+			done = true
+			continue
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, false, err
+	}
+	if seen < limit {
+		done = true
+	}
+	if len(ids) == 0 {
+		return 0, done, nil
+	}
+	res, err := s.DB.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_events WHERE `+s.textIn("id")+`
+  AND NOT EXISTS (SELECT 1 FROM txhook_deliveries d WHERE d.event_id = txhook_events.id)`), jsonStrings(ids))
+	if err != nil {
+		return 0, false, err
+	}
+	n, _ := res.RowsAffected()
+	return int(n), done, nil
+}

@@ -38,6 +38,7 @@ import (
 // that died before saving its cursor) carries the same ID and JetStream
 // drops the copy within its duplicate window.
 type Forwarder struct {
+	ob        *outbox.Outbox
 	cfg       Config
 	src, hist link.Internals
 	separate  bool // the history database is not the source's
@@ -105,7 +106,7 @@ func NewForwarder(ob *outbox.Outbox, cfg Config) (*Forwarder, error) {
 	host, _ := os.Hostname()
 	id := fmt.Sprintf("forwarder:%s/%d/%s", host, os.Getpid(), ulid.Make().String()[20:])
 	return &Forwarder{
-		cfg: cfg, src: src, hist: hist, separate: hist.Store != src.Store,
+		ob: ob, cfg: cfg, src: src, hist: hist, separate: hist.Store != src.Store,
 		log: log.With("component", "txhook.broker.forwarder", "forwarder", id), id: id,
 		owner: store.BrokerOwner(cfg.Stream), prefix: cfg.Subjects,
 		keys:   &keyring{in: hist, name: cfg.Stream},
@@ -268,7 +269,12 @@ func (f *Forwarder) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	backoff := 50 * time.Millisecond
+	nextPrune := time.Now().Add(f.pruneInterval())
 	for {
+		if f.separate && f.pruneInterval() > 0 && !time.Now().Before(nextPrune) {
+			f.prune(ctx)
+			nextPrune = time.Now().Add(f.pruneInterval())
+		}
 		full, err := f.round(ctx)
 		f.stats.rounds.Add(1)
 		if err != nil && ctx.Err() == nil {
@@ -605,6 +611,65 @@ func (f *Forwarder) inStream(ctx context.Context, stream jetstream.Stream, keys 
 		}
 	}
 	return false, nil
+}
+
+// pruneInterval is how often a forwarder prunes a payment database whose
+// history lives elsewhere: Config.Relay.Retention.Interval (10 minutes by
+// default; negative: never).
+func (f *Forwarder) pruneInterval() time.Duration {
+	switch iv := f.cfg.Relay.Retention.Interval; {
+	case iv < 0:
+		return 0
+	case iv == 0:
+		return outbox.DefaultRetentionInterval
+	default:
+		return iv
+	}
+}
+
+// prune keeps a payment database whose delivery history lives elsewhere
+// (Config.History) from growing: the forwarder that holds the cursor
+// deletes the events forwarded more than Config.Relay.Retention.Succeeded
+// ago (7 days by default), which no delivery row there refers to; their
+// copies stay in the history database as long as its retention keeps
+// them. Events forwarded under a lease are marked unrouted there and go
+// with Outbox.Prune.
+func (f *Forwarder) prune(ctx context.Context) {
+	keep := f.cfg.Relay.Retention.Succeeded
+	if keep < 0 {
+		return
+	}
+	if keep == 0 {
+		keep = outbox.DefaultRetainSucceeded
+	}
+	before := f.src.Clock.Now().Add(-keep)
+	total := 0
+	if f.src.Store.Dialect == store.Postgres {
+		f.mu.Lock()
+		held, at := f.held, f.cursor
+		f.mu.Unlock()
+		if !held {
+			return
+		}
+		for range 100 {
+			n, done, err := f.src.Store.PruneForwarded(ctx, at, before, 1000)
+			total += n
+			if err != nil {
+				f.log.Warn("txhook: pruning forwarded events failed", "error", err)
+				return
+			}
+			if done {
+				break
+			}
+		}
+	}
+	p, err := f.ob.Prune(ctx, f.cfg.Relay.Retention)
+	if err != nil && ctx.Err() == nil {
+		f.log.Warn("txhook: pruning the payment database failed", "error", err)
+	}
+	if total+p.Events > 0 {
+		f.log.Info("txhook: pruned forwarded events", "events", total+p.Events)
+	}
 }
 
 func queueEvent(e store.ForwardEvent) queue.Event {

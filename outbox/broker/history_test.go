@@ -149,3 +149,40 @@ func TestBrokerForwarderTakeover(t *testing.T) {
 		}
 	})
 }
+
+// A payment database whose history lives elsewhere does not grow: the
+// forwarder deletes the events it forwarded once they are older than the
+// retention of succeeded work; their copies stay in the history database.
+func TestBrokerPrunesPaymentDatabase(t *testing.T) {
+	for _, be := range []testdb.Backend{testdb.Mattn, testdb.PGX} {
+		t.Run(be.Name, func(t *testing.T) {
+			t.Parallel()
+			pay := setup(t, testdb.Open(t, be))
+			histDB := testdb.Open(t, be)
+			hist, _ := testob.NewOutboxWith(t, histDB, outbox.Config{Broker: true, Logger: logger(t)})
+			pay.cfg.History = hist
+			pay.cfg.Relay.Retention = outbox.Retention{Succeeded: time.Millisecond, Interval: 100 * time.Millisecond}
+			r := newReceiver(t, 0)
+			if _, err := hist.CreateEndpoint(pay.ctx, outbox.NewEndpoint{Tenant: "m", URL: r.srv.URL}); err != nil {
+				t.Fatal(err)
+			}
+			pay.forwarder()
+			pay.worker()
+			ids := pay.enqueue("m", "payment.succeeded", 10)
+			pay.enqueue("nobody", "payment.succeeded", 3) // unrouted
+			testob.Eventually(t, "the deliveries", func() bool { return r.received(ids) })
+			testob.Eventually(t, "the payment database pruned", func() bool {
+				var n int
+				if err := pay.db.QueryRow(`SELECT count(*) FROM txhook_events`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n == 0
+			})
+			var copies int
+			if err := histDB.QueryRow(`SELECT count(*) FROM txhook_events`).Scan(&copies); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("history database keeps %d event copies", copies)
+		})
+	}
+}
