@@ -113,10 +113,13 @@ func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 		normal := b.relay(rc)
 
 		ids := make([]string, 0, events)
-		for i := range events {
-			ids = append(ids, b.enqueue(outbox.Event{Tenant: fmt.Sprintf("m%d", i%tenants), Type: "payment.succeeded",
-				Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}))
+		enqueue := func(from, to int) {
+			for i := from; i < to; i++ {
+				ids = append(ids, b.enqueue(outbox.Event{Tenant: fmt.Sprintf("m%d", i%tenants), Type: "payment.succeeded",
+					Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}))
+			}
 		}
+		enqueue(0, events/2)
 		// The fast relay joins once the normal one has delivered and has
 		// requests in flight: with its clock ahead it would otherwise take
 		// nearly everything (what either relay gives back to wait is due
@@ -129,6 +132,10 @@ func TestRelayWithClockAheadNeverSendsTwiceAtOnce(t *testing.T) {
 		fastBundle := &bundle{t: t, db: db, ob: fastOB, ctx: b.ctx}
 		rc.ID = "fast"
 		fast := fastBundle.relay(rc)
+		// The other half once both run: on a loaded machine the normal
+		// relay could otherwise have claimed all of the first half
+		// before the fast one's first claim.
+		enqueue(events/2, events)
 		b.eventually("every delivery succeeded", func() bool {
 			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
 		})
