@@ -36,6 +36,44 @@ func TestNoPostgresDriverInSQLiteBuild(t *testing.T) {
 	}
 }
 
+// A host that stays in table mode builds no NATS code: only package
+// outbox/broker imports the NATS client, and only tests the server.
+func TestNoNATSInTableModeBuild(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to list dependencies: %v", err)
+	}
+	for _, pkg := range []string{
+		"github.com/txhook/txhook/outbox",
+		"github.com/txhook/txhook/outbox/pgxoutbox",
+		"github.com/txhook/txhook/outbox/pqlisten",
+		"github.com/txhook/txhook/outbox/portal",
+		"github.com/txhook/txhook/outbox/metrics",
+		"github.com/txhook/txhook/dlq",
+		"github.com/txhook/txhook/verify",
+		"github.com/txhook/txhook/examples/quickstart",
+	} {
+		out, err := exec.Command(goTool, "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "github.com/nats-io/") {
+				t.Errorf("%s depends on %s", pkg, dep)
+			}
+		}
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "github.com/txhook/txhook/outbox/broker").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps outbox/broker: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/nats-io/nats-server") {
+			t.Errorf("outbox/broker links the NATS server (%s); only its tests may", dep)
+		}
+	}
+}
+
 // SQLiteDSN configures each SQLite driver the same way: WAL, the busy
 // timeout, foreign keys, and transactions that take the write lock at
 // BEGIN.
