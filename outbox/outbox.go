@@ -130,8 +130,8 @@ type Config struct {
 	// SecretCipher, if set, encrypts endpoint signing secrets, client
 	// certificate keys and custom headers at rest: they are stored
 	// encrypted with its current key, bound to their endpoint, and
-	// decrypted in memory only (see AESGCM, and "Secrets at rest" in the
-	// README). Values stored in plaintext before it was set keep working;
+	// decrypted in memory only (see AESGCM, and "Secrets at rest" in
+	// docs/security.md). Values stored in plaintext before it was set keep working;
 	// RotateSecret (secrets), UpdateEndpoint (new headers or client
 	// certificate) and ReencryptSecrets (all three) encrypt them. Nil stores them in plaintext, with a warning logged by
 	// New.
@@ -168,7 +168,7 @@ type Config struct {
 	// too (New checks lib/pq's and pgx's, and fails with ErrPoolerUnsafe
 	// when they would let the pooler split a statement across server
 	// connections), and LISTEN needs a direct connection: see PgBouncer in
-	// the README. Unused on SQLite.
+	// docs/drivers.md. Unused on SQLite.
 	TransactionPooling bool
 
 	// SyncRelayCommits makes relays commit their own writes (claims,

@@ -19,7 +19,7 @@ import (
 // in pool_mode = transaction (.ci/pgbouncer.sh: 4 server connections, so
 // relays with 8 to 32 workers, several relay processes and the test's own
 // connections share them transaction by transaction), on lib/pq and pgx's
-// stdlib driver with the settings of the README's PgBouncer section:
+// stdlib driver with the settings of the PgBouncer section of docs/drivers.md:
 // Config.TransactionPooling, the table schema in Config.Schema and LISTEN
 // on a direct connection. Skipped without TXHOOK_TEST_PGBOUNCER_DSN,
 // mandatory with TXHOOK_REQUIRE_PGBOUNCER=1.
@@ -155,7 +155,7 @@ func enqueueInBusinessTransactions(t *testing.T, db *testdb.DB) {
 // TransactionPooling, New refuses lib/pq without binary_parameters and pgx
 // in its default exec mode, which through PgBouncer made relays send an
 // event twice and out of order (lib/pq) or fail (pgx), and accepts both
-// with the README's settings.
+// with the settings docs/drivers.md gives.
 func TestTransactionPoolingRefusesUnsafeDriverSettings(t *testing.T) {
 	for _, be := range testdb.PostgresBackends {
 		t.Run(be.Name, func(t *testing.T) {

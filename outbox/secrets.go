@@ -205,7 +205,7 @@ func (o *Outbox) checkSecretKeys(ctx context.Context) error {
 func (o *Outbox) warnUnencrypted() {
 	if o.cfg.SecretCipher == nil {
 		o.log.Warn("txhook: Config.SecretCipher is not set: endpoint signing secrets, client certificate keys and custom headers are stored unencrypted " +
-			"(see \"Secrets at rest\" in txhook's README)")
+			"(see txhook's docs/security.md, Secrets at rest)")
 	}
 }
 

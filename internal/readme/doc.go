@@ -1,7 +1,9 @@
-// Package readme holds the test that keeps README.md's Go snippets true to
-// the code: every ```go block of README.md follows a marker line that says
-// how it is checked, and the test compiles it (or compares it with the
-// copy that a test runs). It has no code of its own.
+// Package readme holds the tests that keep the module's Markdown files
+// (README.md, the topic pages under docs/, and any other) true to the
+// code: every ```go block follows a marker line that says how it is
+// checked, and TestSnippets compiles it (or compares it with the copy that
+// a test runs); TestLinks checks that every relative link, and every
+// #anchor into a Markdown file, resolves. It has no code of its own.
 //
 // The marker is one of
 //
@@ -19,5 +21,5 @@
 //
 // Snippets are compiled with go build -overlay as packages of this module,
 // so nothing is written into the source tree and imports resolve as a
-// user's would; compiler errors name README.md's lines.
+// user's would; compiler errors name the Markdown file's lines.
 package readme

@@ -6,10 +6,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,31 +51,33 @@ var marker = regexp.MustCompile(`^<!-- checked(?::(.*?))? -->$`)
 const markerHelp = "<!-- checked -->, <!-- checked: ctx context.Context, ... --> or " +
 	"<!-- checked: runs in FILE --> (see internal/readme/doc.go)"
 
-// A snippet is a ```go block of README.md and its marker.
+// A snippet is a ```go block of a Markdown file and its marker.
 type snippet struct {
-	marker int    // README line of the marker
+	file   string // the Markdown file, relative to the module's root, with slashes
+	marker int    // line of the marker
 	spec   string // what follows "checked:"
-	start  int    // README line of the first line of code
+	start  int    // line of the first line of code
 	code   []string
 }
 
-// snippets returns README's Go blocks, and an error for each that lacks a
-// marker and each marker that is not followed by a Go block.
-func snippets(readme string) ([]snippet, []error) {
-	lines := strings.Split(readme, "\n")
+// snippets returns the Go blocks of a Markdown file (named by file in
+// errors and line directives), and an error for each that lacks a marker
+// and each marker that is not followed by a Go block.
+func snippets(file, text string) ([]snippet, []error) {
+	lines := strings.Split(text, "\n")
 	var out []snippet
 	var errs []error
 	for i := 0; i < len(lines); i++ {
 		if m := marker.FindStringSubmatch(strings.TrimSpace(lines[i])); m != nil {
 			if i+1 == len(lines) || strings.TrimSpace(lines[i+1]) != "```go" {
-				errs = append(errs, fmt.Errorf("README.md:%d: the marker must be followed by a ```go line", i+1))
+				errs = append(errs, fmt.Errorf("%s:%d: the marker must be followed by a ```go line", file, i+1))
 			}
 			continue
 		}
 		if strings.TrimSpace(lines[i]) != "```go" {
 			continue
 		}
-		s := snippet{start: i + 2}
+		s := snippet{file: file, start: i + 2}
 		if i > 0 {
 			if m := marker.FindStringSubmatch(strings.TrimSpace(lines[i-1])); m != nil {
 				s.marker, s.spec = i, strings.TrimSpace(m[1])
@@ -84,12 +88,12 @@ func snippets(readme string) ([]snippet, []error) {
 			s.code = append(s.code, lines[j])
 		}
 		if j == len(lines) {
-			errs = append(errs, fmt.Errorf("README.md:%d: the Go block is not closed", i+1))
+			errs = append(errs, fmt.Errorf("%s:%d: the Go block is not closed", file, i+1))
 			break
 		}
 		if s.marker == 0 {
-			errs = append(errs, fmt.Errorf("README.md:%d: a Go block needs a marker on the line before it: %s; "+
-				"use another fence than ```go for code that is not meant to compile", i+1, markerHelp))
+			errs = append(errs, fmt.Errorf("%s:%d: a Go block needs a marker on the line before it: %s; "+
+				"use another fence than ```go for code that is not meant to compile", file, i+1, markerHelp))
 		} else {
 			out = append(out, s)
 		}
@@ -98,7 +102,44 @@ func snippets(readme string) ([]snippet, []error) {
 	return out, errs
 }
 
-// TestSnippets compiles every Go snippet of README.md in one go build, as
+// markdownFiles returns the module's Markdown files (README.md, docs/*.md,
+// and any other), relative to root with slashes, skipping hidden
+// directories and testdata.
+func markdownFiles(t *testing.T, root string) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(d.Name(), ".md") {
+			rel, err := filepath.Rel(root, path)
+			if err != nil {
+				return err
+			}
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"README.md", "docs/SCALING.md"} {
+		if !slices.Contains(files, want) {
+			t.Fatalf("%s not found among the Markdown files %v", want, files)
+		}
+	}
+	return files
+}
+
+// TestSnippets compiles every Go snippet of the module's Markdown files
+// (README.md, the topic pages under docs/, ...) in one go build, as
 // packages of this module held in an overlay, and compares those that a
 // test runs with their copy.
 func TestSnippets(t *testing.T) {
@@ -106,21 +147,28 @@ func TestSnippets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	snips, errs := snippets(string(readme))
-	for _, err := range errs {
-		t.Error(err)
+	var snips []snippet
+	for _, file := range markdownFiles(t, root) {
+		text, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, errs := snippets(file, string(text))
+		for _, err := range errs {
+			t.Error(err)
+		}
+		snips = append(snips, s...)
 	}
 	if len(snips) == 0 {
-		t.Fatal("README.md has no Go snippet")
+		t.Fatal("no Markdown file has a Go snippet")
+	}
+	if !slices.ContainsFunc(snips, func(s snippet) bool { return s.file == "README.md" }) {
+		t.Error("README.md has no Go snippet: its integration example is checked here")
 	}
 	tmp := t.TempDir()
 	overlay := map[string]string{}
 	var pkgs []string
-	for _, s := range snips {
+	for i, s := range snips {
 		var src string
 		var err error
 		switch {
@@ -137,7 +185,7 @@ func TestSnippets(t *testing.T) {
 		if src == "" {
 			continue
 		}
-		name := fmt.Sprintf("snippet%d", s.marker)
+		name := fmt.Sprintf("snippet%d", i)
 		file := filepath.Join(tmp, name+".go")
 		if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
 			t.Fatal(err)
@@ -166,13 +214,13 @@ func TestSnippets(t *testing.T) {
 	cmd := exec.Command(goTool, append([]string{"build", "-overlay=" + ov}, pkgs...)...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Errorf("README.md's Go snippets do not compile (%v):\n%s", err, out)
+		t.Errorf("Go snippets of the Markdown files do not compile (%v):\n%s", err, out)
 	}
 }
 
 // fileSource returns a snippet that is a whole file as a package.
 func fileSource(s snippet) (string, error) {
-	src := fmt.Sprintf("package snippet\n\n//line README.md:%d\n%s\n", s.start, strings.Join(s.code, "\n"))
+	src := fmt.Sprintf("package snippet\n\n//line %s:%d\n%s\n", s.file, s.start, strings.Join(s.code, "\n"))
 	if _, err := parser.ParseFile(token.NewFileSet(), "snippet.go", src, 0); err != nil {
 		return "", fmt.Errorf("%v\n(a snippet marked <!-- checked --> is a whole file: imports and declarations; "+
 			"to check statements, name the variables they use: <!-- checked: ctx context.Context, ... -->)", err)
@@ -192,7 +240,7 @@ func bodySource(s snippet) (string, error) {
 			k++
 		}
 		if k == len(body) {
-			return "", fmt.Errorf("README.md:%d: the import block is not closed", s.start)
+			return "", fmt.Errorf("%s:%d: the import block is not closed", s.file, s.start)
 		}
 		imports, body, bodyStart = body[:k+1], body[k+1:], s.start+k+1
 	} else if len(body) > 0 && strings.HasPrefix(body[0], "import ") {
@@ -200,10 +248,10 @@ func bodySource(s snippet) (string, error) {
 	}
 	var head strings.Builder
 	if imports != nil {
-		fmt.Fprintf(&head, "//line README.md:%d\n%s\n\n", s.start, strings.Join(imports, "\n"))
+		fmt.Fprintf(&head, "//line %s:%d\n%s\n\n", s.file, s.start, strings.Join(imports, "\n"))
 	}
-	fmt.Fprintf(&head, "//line README.md:%d\nfunc snippet(%s) {\n//line README.md:%d\n%s\n",
-		s.marker, s.spec, bodyStart, strings.Join(body, "\n"))
+	fmt.Fprintf(&head, "//line %s:%d\nfunc snippet(%s) {\n//line %s:%d\n%s\n",
+		s.file, s.marker, s.spec, s.file, bodyStart, strings.Join(body, "\n"))
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, "snippet.go", "package snippet\n\n"+head.String()+"}\n", 0)
 	if err != nil {
@@ -243,7 +291,7 @@ func bodySource(s snippet) (string, error) {
 		fmt.Fprintf(&src, "import %q\n", packages[name])
 	}
 	src.WriteString("\n" + head.String())
-	fmt.Fprintf(&src, "//line README.md:%d\n", s.start+len(s.code))
+	fmt.Fprintf(&src, "//line %s:%d\n", s.file, s.start+len(s.code))
 	for _, name := range topLevelVars(fn) {
 		fmt.Fprintf(&src, "\t_ = %s\n", name)
 	}
@@ -354,7 +402,7 @@ func sortedKeys(m map[string]bool) []string {
 func sameAsCopy(root, file string, s snippet) error {
 	b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
 	if err != nil {
-		return fmt.Errorf("README.md:%d: %v", s.marker, err)
+		return fmt.Errorf("%s:%d: %v", s.file, s.marker, err)
 	}
 	lines := strings.Split(string(b), "\n")
 	first, end := -1, -1
@@ -372,7 +420,7 @@ func sameAsCopy(root, file string, s snippet) error {
 		}
 	}
 	if first < 0 || end < first {
-		return fmt.Errorf("README.md:%d: %s has no lines between \"// README start\" and \"// README end\"", s.marker, file)
+		return fmt.Errorf("%s:%d: %s has no lines between \"// README start\" and \"// README end\"", s.file, s.marker, file)
 	}
 	cp := lines[first:end]
 	for i := 0; i < len(cp) || i < len(s.code); i++ {
@@ -384,8 +432,8 @@ func sameAsCopy(root, file string, s snippet) error {
 			got = s.code[i]
 		}
 		if i >= len(cp) || i >= len(s.code) || want != got {
-			return fmt.Errorf("README.md:%d differs from the copy that a test runs, %s:%d:\n\tREADME: %q\n\tcopy:   %q\n"+
-				"change both (the copy one tab deeper)", s.start+i, file, first+i+1, got, want)
+			return fmt.Errorf("%s:%d differs from the copy that a test runs, %s:%d:\n\tdoc:  %q\n\tcopy: %q\n"+
+				"change both (the copy one tab deeper)", s.file, s.start+i, file, first+i+1, got, want)
 		}
 	}
 	return nil

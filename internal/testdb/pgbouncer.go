@@ -27,7 +27,7 @@ var (
 var BouncerBackends = []Backend{LibPQBouncer, PGXBouncer}
 
 // PoolerParams are the DSN settings that driver needs behind a pooler in
-// transaction mode, as txhook's README gives them: lib/pq sends each
+// transaction mode, as txhook's docs/drivers.md gives them: lib/pq sends each
 // statement with its parameters in one go (binary_parameters), pgx uses
 // unnamed statements only (default_query_exec_mode=cache_describe). Both
 // drivers otherwise run a statement's parts in two server transactions,

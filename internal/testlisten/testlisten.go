@@ -25,7 +25,7 @@ func For(driver, dsn string) outbox.Listener {
 
 // ForDB returns the Listener for db: For its driver, except that through
 // PgBouncer both drivers listen on a connection of their own to
-// db.DirectDSN, as the README tells users to.
+// db.DirectDSN, as docs/drivers.md tells users to.
 func ForDB(db *testdb.DB) outbox.Listener {
 	if db.Backend.Bouncer {
 		if db.Backend.Driver == "pgx" {

@@ -15,9 +15,9 @@ import (
 	"github.com/txhook/txhook/outbox/migrations"
 )
 
-// readmeSnippet holds the README's Migrations snippet between the marker
+// readmeSnippet holds the snippet of docs/migrations.md between the marker
 // comments, so that TestReadmeSnippet runs it; internal/readme checks that
-// the README shows these lines (its marker: <!-- checked: runs in
+// the page shows these lines (its marker: <!-- checked: runs in
 // outbox/migrations/readme_test.go -->).
 func readmeSnippet(ctx context.Context, db *sql.DB, databaseURL string, ob *outbox.Outbox) error {
 	// README start

@@ -20,7 +20,7 @@ import (
 )
 
 // bouncerEnv is an Outbox made by pgxoutbox.New on a pgxpool through
-// PgBouncer in transaction mode, configured as the README says.
+// PgBouncer in transaction mode, configured as docs/drivers.md says.
 type bouncerEnv struct {
 	ctx      context.Context
 	db       *testdb.DB
