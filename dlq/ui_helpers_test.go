@@ -3,7 +3,6 @@ package dlq_test
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -35,8 +34,6 @@ const opsToken = "Bearer ops-token"
 
 // authorize is the Authorize of the tests: a fixed bearer token.
 func authorize(r *http.Request) bool { return r.Header.Get("Authorization") == opsToken }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // newOutbox opens a migrated outbox on db.
 func newOutbox(t *testing.T, db *testdb.DB, cfg outbox.Config) (*outbox.Outbox, context.Context) {

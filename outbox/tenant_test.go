@@ -20,12 +20,11 @@ import (
 // (succeeded, two attempts: a 500 then a 200), and tenant B with an
 // endpoint of its own.
 type tenantFixture struct {
-	b          *bundle
-	rc         *receiver
-	epA, epB   outbox.Endpoint
-	eventA     string
-	deliveryA  outbox.Delivery
-	attemptsTo int
+	b         *bundle
+	rc        *receiver
+	epA, epB  outbox.Endpoint
+	eventA    string
+	deliveryA outbox.Delivery
 }
 
 func newTenantFixture(t *testing.T, db *testdb.DB, cfg outbox.Config) *tenantFixture {

@@ -356,7 +356,7 @@ func TestStandardSignErrors(t *testing.T) {
 			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
-			if tt.h != nil && len(tt.h) != 0 {
+			if len(tt.h) != 0 {
 				t.Errorf("Sign failed but set headers: %v", tt.h)
 			}
 		})

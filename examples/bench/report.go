@@ -36,7 +36,6 @@ type section struct {
 type report struct {
 	mu       sync.Mutex
 	started  time.Time
-	finished time.Time
 	command  string
 	machine  []string
 	rows     []row

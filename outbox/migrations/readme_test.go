@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -23,18 +24,30 @@ func readmeSnippet(ctx context.Context, db *sql.DB, databaseURL string, ob *outb
 	// README start
 	// goose
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Postgres)
-	_, err = provider.Up(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := provider.Up(ctx); err != nil {
+		return err
+	}
 
 	// or golang-migrate (with its database/postgres driver imported)
 	src, err := iofs.New(migrations.UpDown(migrations.Postgres), ".")
+	if err != nil {
+		return err
+	}
 	m, err := migrate.NewWithSourceInstance("iofs", src, databaseURL)
-	err = m.Up()
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return err
+	}
 
 	// at the service's start, instead of Migrate
-	err = ob.CheckSchema(ctx)
+	return ob.CheckSchema(ctx)
 	// README end
-	m.Close()
-	return err
 }
 
 func TestReadmeSnippet(t *testing.T) {

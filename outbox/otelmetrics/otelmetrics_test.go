@@ -39,7 +39,7 @@ func (r reader) collect() map[string]map[string]int64 {
 	key := func(s attribute.Set) string {
 		var kv []string
 		for _, a := range s.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+			kv = append(kv, string(a.Key)+"="+a.Value.String())
 		}
 		sort.Strings(kv)
 		return strings.Join(kv, ",")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/csv"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -83,11 +84,17 @@ func (p *Portal) exportFilter(q url.Values, def string) (outbox.ExportFilter, st
 }
 
 // writeExport streams an export; onEarlyErr answers when nothing was
-// written yet (after that, the error can only cut the body short).
+// written yet. An error after that (the database's, or a failed write to
+// the client) is logged and aborts the response with http.ErrAbortHandler:
+// the status line and part of the body are gone, and a body that ended
+// cleanly would pass for a complete export missing its last rows.
 func (p *Portal) writeExport(w http.ResponseWriter, r *http.Request, f outbox.ExportFilter, format string, onEarlyErr func(error)) {
 	st := state(r)
 	name := "webhooks-" + p.now().Format("20060102-150405") + "." + format
 	started := false
+	// Every write goes through bw, whose first error sticks: csv.Writer
+	// writes into it directly (its own buffer would be bw itself) and
+	// json.Encoder per row, and the last Flush reports what failed since.
 	bw := bufio.NewWriterSize(w, 32<<10)
 	start := func() {
 		if started {
@@ -115,17 +122,18 @@ func (p *Portal) writeExport(w http.ResponseWriter, r *http.Request, f outbox.Ex
 				}
 			}
 			n++
-			cw.Write([]string{cell(row.EventID), cell(row.EventType), stamp(row.CreatedAt), cell(row.EndpointID), cell(row.State),
+			return cw.Write([]string{cell(row.EventID), cell(row.EventType), stamp(row.CreatedAt), cell(row.EndpointID), cell(row.State),
 				strconv.Itoa(row.Attempts), strconv.Itoa(row.LastStatus), stamp(row.DeliveredAt)})
-			return cw.Error()
 		})
 		if err == nil {
 			start()
 			if n == 0 {
 				err = cw.Write(exportColumns)
 			}
-			cw.Flush()
-			err = cw.Error()
+			if err == nil {
+				cw.Flush()
+				err = cw.Error()
+			}
 		}
 	} else {
 		enc := json.NewEncoder(bw)
@@ -136,7 +144,9 @@ func (p *Portal) writeExport(w http.ResponseWriter, r *http.Request, f outbox.Ex
 				sep = "[\n"
 			}
 			n++
-			bw.WriteString(sep)
+			if _, err := bw.WriteString(sep); err != nil {
+				return err
+			}
 			j := exportJSON{EventID: row.EventID, EventType: row.EventType, CreatedAt: row.CreatedAt.UTC(), EndpointID: row.EndpointID,
 				State: row.State, Attempts: row.Attempts, LastStatus: row.LastStatus}
 			if !row.DeliveredAt.IsZero() {
@@ -148,18 +158,27 @@ func (p *Portal) writeExport(w http.ResponseWriter, r *http.Request, f outbox.Ex
 		if err == nil {
 			start()
 			if n == 0 {
-				bw.WriteString("[")
+				_, err = bw.WriteString("[")
 			}
-			bw.WriteString("]\n")
+			if err == nil {
+				_, err = bw.WriteString("]\n")
+			}
 		}
 	}
-	if err != nil && !started {
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		return
+	}
+	if !started {
 		onEarlyErr(err)
 		return
 	}
-	if err != nil {
-		p.log.Error("txhook: portal export cut short", "tenant", st.tenant, "error", err)
-		return
+	level := slog.LevelError
+	if r.Context().Err() != nil {
+		level = slog.LevelWarn // the client went away
 	}
-	_ = bw.Flush()
+	p.log.Log(r.Context(), level, "txhook: portal export cut short", "tenant", st.tenant, "format", format, "rows", n, "error", err)
+	panic(http.ErrAbortHandler)
 }

@@ -213,6 +213,9 @@ func TestMerchantFlow(t *testing.T) {
 			t.Fatalf("export CSV %v:\n%s", err, body)
 		}
 		res, body = u.do("GET", "/portal/export?format=json", nil, nil)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("export JSON: %d %v", res.StatusCode, res.Header)
+		}
 		var js []map[string]any
 		if err := json.Unmarshal([]byte(body), &js); err != nil || len(js) != len(rows)-1 {
 			t.Fatalf("export JSON %v (%d rows, CSV %d):\n%s", err, len(js), len(rows)-1, body)

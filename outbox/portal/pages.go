@@ -182,9 +182,7 @@ func readForm(r *http.Request) (f formData, headers outbox.Headers, problem stri
 	f.URL = strings.TrimSpace(r.PostForm.Get("url"))
 	f.Description = strings.TrimSpace(r.PostForm.Get("description"))
 	for _, t := range r.PostForm["event_types"] {
-		for _, t := range strings.FieldsFunc(t, func(c rune) bool { return c == ',' || c == ' ' || c == '\n' || c == '\r' }) {
-			f.EventTypes = append(f.EventTypes, t)
-		}
+		f.EventTypes = append(f.EventTypes, strings.FieldsFunc(t, func(c rune) bool { return c == ',' || c == ' ' || c == '\n' || c == '\r' })...)
 	}
 	f.Headers = r.PostForm.Get("headers")
 	headers = outbox.Headers{}
