@@ -309,7 +309,10 @@ func wrap(ctx context.Context, u *url.URL, err error) error {
 // readBody reads at most MaxBodyBytes of resp's body, keeps the first
 // ExcerptBytes, and closes it. A body that ends within the cap was read to
 // EOF, so its connection goes back to the pool; a longer one is abandoned and
-// the Transport closes its connection rather than read the rest.
+// the Transport closes its connection rather than read the rest. (From Go
+// 1.27 the Transport first drains up to 256 KiB for at most 50 ms, in its
+// own goroutine after Close returned, and keeps the connection when the
+// body ends within that: nothing the relay waits for or stores.)
 func (c *Client) readBody(resp *http.Response) ([]byte, error) {
 	defer resp.Body.Close()
 	if resp.ContentLength == 0 {
