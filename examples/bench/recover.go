@@ -107,7 +107,7 @@ FROM txhook_events e WHERE e.tenant = 'merchant_r' AND e.unrouted IS NULL`, othe
 			return 0, err
 		}
 		if n != mine {
-			return 0, fmt.Errorf("Recover queued %d, want %d", n, mine)
+			return 0, fmt.Errorf("recover queued %d, want %d", n, mine)
 		}
 		_, err = s.db.ExecContext(ctx, `DELETE FROM txhook_deliveries WHERE endpoint_id = $1`, target.ID)
 		return took, err
