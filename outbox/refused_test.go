@@ -137,7 +137,11 @@ func TestRefusedTooLongIsDeadLettered(t *testing.T) {
 		// Past 24 hours: dead-lettered, reason refused.
 		b.backdateRefusal(ep.ID, 2*time.Hour)
 		b.dueNow(ep.ID, r2)
-		b.eventually("the refusal dead-lettered", func() bool { return r2.Stats().DeadLetteredRefused == 1 })
+		// The counter goes up before the relay calls OnDeadLetter and
+		// OnAttempt: wait for the callbacks too.
+		b.eventually("the refusal dead-lettered", func() bool {
+			return r2.Stats().DeadLetteredRefused == 1 && len(second.deadLetters()) == 1 && len(second.outcomes()) == 1
+		})
 		d = b.refusal(ev)
 		if d.state != outbox.StateDead || d.attempts != 0 || d.refused.IsZero() {
 			t.Fatalf("refused for 25h: %+v, want dead with refused_since kept", d)
