@@ -447,6 +447,13 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, err := s.ClaimDueRows(ctx, store.BrokerOwner("S"), time.Minute, now.Add(2*time.Hour), 10)
 			return err
 		},
+		"PruneForwarded": func() error {
+			at, err := s.CurrentSnapshot(ctx)
+			if err == nil {
+				_, _, err = s.PruneForwarded(ctx, at, now.Add(time.Hour), 10)
+			}
+			return err
+		},
 		"BrokerKey": func() error {
 			_, err := s.BrokerKey(ctx, "S", now, nil, nil)
 			return err
@@ -461,7 +468,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit",
 		"ForwardLease", "CurrentSnapshot", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
-		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "BrokerKey", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
+		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
 	}
