@@ -12,10 +12,10 @@ import (
 	"path/filepath"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	_ "modernc.org/sqlite"
 
 	"github.com/txhook/txhook/outbox"
 	"github.com/txhook/txhook/outbox/broker"
@@ -39,10 +39,17 @@ func Example() {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 
-	db, _ := sql.Open("sqlite3", outbox.SQLiteDSN(filepath.Join(dir, "pay.db")))
+	db, _ := sql.Open("sqlite", outbox.SQLiteDSN(filepath.Join(dir, "pay.db")))
 	defer db.Close()
-	ob, _ := outbox.New(ctx, db, outbox.Config{Broker: true, AllowHTTP: true, AllowPrivateTargets: true, Logger: quiet})
-	_ = ob.Migrate(ctx)
+	ob, err := outbox.New(ctx, db, outbox.Config{Broker: true, AllowHTTP: true, AllowPrivateTargets: true, Logger: quiet})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	got := make(chan string, 1)
 	merchant := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -70,7 +70,7 @@ func TestBrokerDownMidRun(t *testing.T) {
 // A stream set up by hand with settings that would lose deliveries is
 // refused at Start with ErrStreamConfig naming the setting.
 func TestBrokerRefusesMisconfiguredStream(t *testing.T) {
-	b := setup(t, testdb.Open(t, testdb.Mattn))
+	b := setup(t, testdb.Open(t, testdb.SQLiteBackends[0]))
 	cases := []struct {
 		name string
 		cfg  jetstream.StreamConfig
@@ -143,7 +143,7 @@ func TestBrokerStreamDeletedMidRun(t *testing.T) {
 // another subject) are never delivered: each is set aside on the rejected
 // subject with the reason.
 func TestBrokerRejectsForeignMessages(t *testing.T) {
-	b := setup(t, testdb.Open(t, testdb.Mattn))
+	b := setup(t, testdb.Open(t, testdb.SQLiteBackends[0]))
 	var hits atomic.Int64
 	srv := newReceiver(t, 0)
 	ep := b.endpoint("m", srv.srv.URL)

@@ -21,7 +21,7 @@ import (
 // endpoint's missed events recovered, reach the stream through the
 // forwarder and are delivered.
 func TestBrokerSeparateHistory(t *testing.T) {
-	for _, be := range []testdb.Backend{testdb.Mattn, testdb.PGX, testdb.LibPQ} {
+	for _, be := range []testdb.Backend{testdb.SQLiteBackends[0], testdb.PGX, testdb.LibPQ} {
 		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
 			pay := setup(t, testdb.Open(t, be))
@@ -154,7 +154,7 @@ func TestBrokerForwarderTakeover(t *testing.T) {
 // forwarder deletes the events it forwarded once they are older than the
 // retention of succeeded work; their copies stay in the history database.
 func TestBrokerPrunesPaymentDatabase(t *testing.T) {
-	for _, be := range []testdb.Backend{testdb.Mattn, testdb.PGX} {
+	for _, be := range []testdb.Backend{testdb.SQLiteBackends[0], testdb.PGX} {
 		t.Run(be.Name, func(t *testing.T) {
 			t.Parallel()
 			pay := setup(t, testdb.Open(t, be))
