@@ -16,10 +16,18 @@ import (
 // signatures, target rules, proxy, client certificates, headers, pinned
 // versions and tracing, the retry policy. What differs is at the ends:
 //
-//   - A received delivery's endpoint is read with the batch (one statement
-//     per batch, as a claim joins it), and a delivery handed out again
-//     after its lease is checked against its row first: if its attempt
-//     was recorded, it is settled as the row says, and nothing is sent.
+//   - A received delivery's endpoint and row are read with the batch (a
+//     statement each per batch, as a claim joins them), and the delivery
+//     is checked against its row first: if its attempt was recorded, it
+//     is settled as the row says, and nothing is sent. That covers a
+//     message handed out again after its lease (its holder died after
+//     writing the outcome), and a copy the queue stored as a new message:
+//     a forwarder that takes over forwards again what the last one sent
+//     after its saved cursor, and JetStream drops those copies by their
+//     IDs only while its duplicate window remembers them; the window is
+//     rebuilt from the messages a stream holds when a server restarts (or
+//     a node that restarted comes to lead the stream), which in a
+//     work-queue stream are not those delivered and acknowledged.
 //   - Outcomes are written by BrokerComplete, in batches, fenced by the
 //     attempts the row had when the message was sent; then each message
 //     is settled: removed, or queued again for its next attempt at the
@@ -95,8 +103,9 @@ func (r *Relay) receiveLoop(ctx context.Context) {
 	}
 }
 
-// take looks up the endpoints of ds and the rows of those handed out
-// before, and hands the deliveries to the scheduler.
+// take looks up the endpoints and the rows of ds, settles those whose
+// attempt is recorded as their rows say, and hands the others to the
+// scheduler.
 func (r *Relay) take(ctx context.Context, ds []*queue.Delivery) {
 	stmtCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
 	defer cancel()
@@ -110,18 +119,16 @@ func (r *Relay) take(ctx context.Context, ds []*queue.Delivery) {
 			seen[d.EndpointID] = true
 			ids = append(ids, d.EndpointID)
 		}
-		if d.Deliveries > 1 {
-			if d.Row != 0 {
-				rowIDs = append(rowIDs, d.Row)
-			} else {
-				pairs = append(pairs, [2]string{d.Event.ID, d.EndpointID})
-			}
+		if d.Row != 0 {
+			rowIDs = append(rowIDs, d.Row)
+		} else {
+			pairs = append(pairs, [2]string{d.Event.ID, d.EndpointID})
 		}
 	}
 	eps, err := r.st.EndpointsByID(stmtCtx, ids)
 	var byID map[int64]store.BrokerRow
 	var byPair map[[2]string]store.BrokerRow
-	if err == nil && (len(rowIDs) > 0 || len(pairs) > 0) {
+	if err == nil {
 		byID, byPair, err = r.st.BrokerRows(stmtCtx, rowIDs, pairs)
 	}
 	if err != nil {
@@ -148,18 +155,17 @@ func (r *Relay) take(ctx context.Context, ds []*queue.Delivery) {
 			lapsedFrom = d.Base
 		}
 		lapsed := attempt - lapsedFrom
-		if d.Deliveries > 1 {
-			row, ok := byID[d.Row]
-			if d.Row == 0 {
-				row, ok = byPair[[2]string{d.Event.ID, d.EndpointID}]
-			}
-			if ok && (row.Attempts != d.Base || row.Owner != r.owner || row.State != store.StatePending && row.State != store.StateRunning) {
-				// The message's attempt is recorded (a holder died after
-				// writing it, before settling), or the row moved on: do
-				// what the row says, send nothing.
-				settle = append(settle, r.reconcile(d, row))
-				continue
-			}
+		row, ok := byID[d.Row]
+		if d.Row == 0 {
+			row, ok = byPair[[2]string{d.Event.ID, d.EndpointID}]
+		}
+		if ok && (row.Attempts != d.Base || row.Owner != r.owner || row.State != store.StatePending && row.State != store.StateRunning) {
+			// The message's attempt is recorded (a holder died after
+			// writing it, before settling; or this is a copy of a message
+			// that was delivered, see the top of the file), or the row
+			// moved on: do what the row says, send nothing.
+			settle = append(settle, r.reconcile(d, row))
+			continue
 		}
 		ep, found := eps[d.EndpointID]
 		if found && ep.Tenant != d.Event.Tenant {

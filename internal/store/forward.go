@@ -27,7 +27,8 @@ import (
 // events come with the round after it commits. The cursor is saved every
 // few seconds, not per round; a forwarder that dies forwards again what
 // came after the saved cursor, and the broker drops the copies it already
-// has (its duplicate window).
+// has (its duplicate window); a copy it stores anyway is settled by the
+// worker that receives it as the delivery's row says (BrokerRows).
 //
 // Events enqueued without broker mode, and every event on SQLite (one
 // writer: no transaction IDs needed), are claimed under a lease on the

@@ -35,8 +35,11 @@ type Config struct {
 
 	// Duplicates is the stream's duplicate window: a message published
 	// again within it (a forwarder that died before saving its cursor
-	// forwards again what it sent since) is dropped by JetStream. Default
-	// 2 minutes; at least 10 times SaveInterval.
+	// forwards again what it sent since) is dropped by JetStream, unless
+	// the first was delivered and a server restarted meanwhile (the window
+	// is rebuilt from the messages the stream holds; workers then find the
+	// copy's delivery recorded and send nothing). Default 2 minutes; at
+	// least 10 times SaveInterval.
 	Duplicates time.Duration
 
 	// History is the Outbox whose database keeps the endpoints and the

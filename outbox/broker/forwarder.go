@@ -36,7 +36,11 @@ import (
 // JetStream's acknowledgement of every message before it moves its cursor
 // or marks anything forwarded; a message published twice (a forwarder
 // that died before saving its cursor) carries the same ID and JetStream
-// drops the copy within its duplicate window.
+// drops the copy within its duplicate window, while it remembers the
+// first: a server that restarted rebuilds the window from the messages
+// the stream holds, without those already delivered. A copy it stores is
+// a new message for a delivery already made; workers check each delivery
+// against its row and send nothing for it.
 type Forwarder struct {
 	ob        *outbox.Outbox
 	cfg       Config
