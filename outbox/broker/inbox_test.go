@@ -39,6 +39,7 @@ type inbox struct {
 	failed    map[string]bool   // failFirst done
 	lied      map[string]bool   // lie done
 	workers   map[string]string // event ID → the worker whose request the handler processed
+	dupsBy    map[string]int    // event ID → requests stopped by the dedup store
 	requests  int               // every request
 	dups      int               // stopped by the dedup store: the event was done
 	busy      int               // answered 409: another delivery of the event was being processed
@@ -49,7 +50,7 @@ type inbox struct {
 func newInbox(t *testing.T, name string, ep outbox.Endpoint) *inbox {
 	t.Helper()
 	in := &inbox{name: name, processed: map[string]int{}, failed: map[string]bool{}, lied: map[string]bool{},
-		workers: map[string]string{}}
+		workers: map[string]string{}, dupsBy: map[string]int{}}
 	v, err := verify.New(verify.Config{Secrets: []string{ep.Secrets[0].Value},
 		Store: verify.NewMemoryStore(verify.MemoryConfig{})})
 	if err != nil {
@@ -72,6 +73,7 @@ func (in *inbox) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch body := strings.TrimSpace(rec.Body.String()); {
 	case rec.Code == http.StatusOK && body == "duplicate":
 		in.dups++
+		in.dupsBy[r.Header.Get(outbox.HeaderEventID)]++
 	case rec.Code == http.StatusConflict:
 		in.busy++
 	case rec.Code == http.StatusUnauthorized || rec.Code == http.StatusBadRequest:
