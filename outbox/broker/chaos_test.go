@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -186,6 +187,9 @@ func TestBrokerChaosCluster(t *testing.T) {
 		case "hang":
 			h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				hostile[0].Add(1)
+				// The server notices the sender hanging up only once the
+				// body is read.
+				_, _ = io.Copy(io.Discard, r.Body)
 				select {
 				case <-r.Context().Done():
 				case <-closing:
