@@ -295,6 +295,50 @@ func TestDedupSurvivesLeaderKillAndFullRestart(t *testing.T) {
 	}
 }
 
+// TestDedupForgetsDeliveredAfterRestart: in a work-queue stream, the ID of
+// a message that was delivered and acknowledged (so removed) is still a
+// duplicate while the server runs, but not once it has restarted: the
+// window is rebuilt from the messages the stream holds. A copy published
+// then is stored as a new message. (On the cluster the same happens when
+// a node that restarted comes to lead the stream, depending on what its
+// raft log still replays; the broker's workers check every delivery
+// against its row for that reason.)
+func TestDedupForgetsDeliveredAfterRestart(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := embedded(t)
+	st := b.createStream(t, ctx, jetstream.StreamConfig{Name: "F", Subjects: []string{"f.>"},
+		Retention: jetstream.WorkQueuePolicy, Duplicates: 10 * time.Minute})
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "w", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ctx, b.js, msgWithID("f.done", "done-1", "x"))
+	publish(t, ctx, b.js, msgWithID("f.kept", "kept-1", "x"))
+	m := next(t, ctx, cons)
+	if m.Subject() != "f.done" {
+		t.Fatalf("got %s first", m.Subject())
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, func() bool { return info(t, ctx, st).State.Msgs == 1 }, "the acknowledged message to be removed")
+	if ack := publish(t, ctx, b.js, msgWithID("f.done", "done-1", "x")); !ack.Duplicate {
+		t.Fatalf("before the restart: %+v, want Duplicate", ack)
+	}
+
+	b.server.Restart()
+	if ack := publish(t, ctx, b.js, msgWithID("f.kept", "kept-1", "x")); !ack.Duplicate {
+		t.Fatalf("after the restart, the ID of a message the stream holds: %+v, want Duplicate", ack)
+	}
+	if ack := publish(t, ctx, b.js, msgWithID("f.done", "done-1", "x")); ack.Duplicate {
+		t.Fatalf("after the restart, the ID of a delivered message: %+v; JetStream now remembers it (update the broker's comments)", ack)
+	}
+	if got := info(t, ctx, st).State.Msgs; got != 2 {
+		t.Fatalf("stream holds %d messages, want 2 (the copy stored again)", got)
+	}
+}
+
 // ---------------------------------------------------------------------
 // b. Message schedules
 
