@@ -53,7 +53,12 @@
 // messages until the consumer's AckWait (Config.Relay.Lease) passes, after
 // which another worker records the unfinished attempt as lapsed and makes
 // the next one. A request never starts with less than the lease's safety
-// margin and Timeout left. Receivers deduplicate by webhook-id.
+// margin and Timeout left. JetStream's duplicate window forgets messages
+// already delivered when a server restarts (it is rebuilt from what the
+// stream holds), so a forwarder taking over may store a copy of a
+// delivery again; a worker checks every delivery against its row and
+// sends nothing for one recorded, but a copy received while the first is
+// still in flight is sent. Receivers deduplicate by webhook-id.
 //
 // Broker mode does not order deliveries per key: Enqueue refuses an
 // OrderingKey with outbox.ErrOrderingBroker, and a forwarder does not start
