@@ -128,7 +128,8 @@ func ForTest(t testing.TB, opts Options) *Cluster {
 }
 
 // Start starts the nodes and waits until each is healthy (its JetStream
-// current with an elected meta leader).
+// current with an elected meta leader) and the cluster places a stream
+// on every node.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	bin, err := Binary(ctx)
 	if err != nil {
@@ -179,7 +180,64 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
+	if err := c.waitPlacement(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// placementProbe names the stream waitPlacement creates and deletes.
+const placementProbe = "natscluster_placement_probe"
+
+// waitPlacement waits until the cluster places a stream on every node.
+// Healthy nodes are not enough: the meta leader places replicas only on
+// servers it has had a statistics update from, which comes a moment
+// later, and until then a stream with as many replicas as nodes is
+// refused ("no suitable peers for placement, peer offline", seen about
+// once in 80 starts on a loaded machine).
+func (c *Cluster) waitPlacement(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	nc, err := nats.Connect(c.ClientURL(), nats.Name("natscluster-probe"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("natscluster: connect: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("natscluster: %w", err)
+	}
+	cfg := jetstream.StreamConfig{Name: placementProbe, Subjects: []string{"_natscluster.placement_probe"},
+		Storage: jetstream.MemoryStorage, Replicas: len(c.nodes)}
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.CreateStream(rctx, cfg)
+		rcancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("natscluster: a stream of %d replicas cannot be placed: %w (last: %v)", len(c.nodes), ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := js.DeleteStream(rctx, placementProbe)
+		rcancel()
+		if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("natscluster: deleting the placement probe: %w (last: %v)", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
 }
 
 func (c *Cluster) startAll(ctx context.Context) error {
