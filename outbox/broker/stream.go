@@ -172,6 +172,15 @@ func classify(err error) error {
 		return nil
 	}
 	var ne net.Error
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case jsClusterNoPeers, jsClusterNotAvailable, jsClusterNotLeader, jsInsufficientResources, jsStreamOffline:
+			// A cluster that lost a node, is electing a leader or is
+			// full: it may answer later.
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound),
 		errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerDoesNotExist):
@@ -185,6 +194,17 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// JetStream API error codes of a cluster that cannot serve a request now
+// (nats-server's JSClusterNoPeersErrF, JSClusterNotAvailErr,
+// JSClusterNotLeaderErr, JSInsufficientResourcesErr, JSStreamOfflineErr).
+const (
+	jsClusterNoPeers        jetstream.ErrorCode = 10005
+	jsClusterNotAvailable   jetstream.ErrorCode = 10008
+	jsClusterNotLeader      jetstream.ErrorCode = 10009
+	jsInsufficientResources jetstream.ErrorCode = 10023
+	jsStreamOffline         jetstream.ErrorCode = 10118
+)
 
 // boundedContext is ctx without its cancellation, bounded by d: for a
 // settlement that must go out even while the relay stops.
