@@ -264,9 +264,11 @@ func TestStalledDeliveryIsNotSentAfterItsLease(t *testing.T) {
 		srv := newHTTPServer(t, rc)
 		ep, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "m", URL: srv.URL, Versions: map[string]int{"payment.succeeded": 2}})
 		must(err)
-		// Lease 4 s: a request starts within 1.2 s of its claim and is over
-		// by 3.2 s; the stalled worker wakes after 4 s at the earliest.
-		cfg := outbox.RelayConfig{Lease: 4 * time.Second, Timeout: 2 * time.Second, PollInterval: 20 * time.Millisecond,
+		// Lease 8 s: a request starts within 4.4 s of its claim (room for a
+		// loaded machine: with 4 s, and 1.2 s to start in, the test failed
+		// once at load average 16) and is over by 6.4 s; the stalled
+		// worker wakes after 8 s at the earliest.
+		cfg := outbox.RelayConfig{Lease: 8 * time.Second, Timeout: 2 * time.Second, PollInterval: 20 * time.Millisecond,
 			Retry: retry.Exponential{Base: 100 * time.Millisecond, Attempts: 5}}
 		// The first relay claims once, when the enqueue wakes it, so that
 		// the other takes the lapsed lease over.
