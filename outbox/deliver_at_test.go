@@ -10,23 +10,35 @@ import (
 	"github.com/txhook/txhook/outbox"
 )
 
-// barrier enqueues an event for the barrier endpoint and waits until rc
-// received it: by then the relay has run a claim at the fake clock's
-// current time (or earlier), after everything enqueued before.
-func (b *bundle) barrier(rc *receiver) {
+// barrierEndpoint is the receiver of the barrier endpoint and the relay
+// that delivers to it.
+type barrierEndpoint struct {
+	rc    *receiver
+	relay *outbox.Relay
+}
+
+// barrier enqueues an event for the barrier endpoint and waits until its
+// receiver got it and the relay has nothing under way: by then the relay
+// has run a claim at the fake clock's current time (or earlier), after
+// everything enqueued before, and finished what that claim took, so a
+// clock moved next is seen by the relay's next claim, not by one still
+// running.
+func (b *bundle) barrier(bar barrierEndpoint) {
 	b.t.Helper()
 	id := b.enqueue(outbox.Event{Tenant: "barrier", Type: "barrier", Payload: []byte(`{}`)})
 	deadline := time.After(waitFor)
-	for {
+	for received := false; !received; {
 		select {
-		case got := <-rc.got:
-			if got.Header.Get("Webhook-Id") == id {
-				return
-			}
+		case got := <-bar.rc.got:
+			received = got.Header.Get("Webhook-Id") == id
 		case <-deadline:
 			b.t.Fatal("timed out waiting for the barrier event")
 		}
 	}
+	b.eventually("the relay idle after the barrier", func() bool {
+		s := bar.relay.Stats()
+		return s.InFlight == 0 && s.Waiting == 0
+	})
 }
 
 // ids returns the webhook IDs rc received so far, in order.
@@ -40,14 +52,14 @@ func (rc *receiver) ids() []string {
 
 // delayedSetup opens an outbox on a fake clock with a running relay, an
 // endpoint of tenant "m" at rc and one of tenant "barrier" at bar.
-func delayedSetup(t *testing.T, db *testdb.DB) (b *bundle, fake *clock.Fake, start time.Time, rc *receiver, ep outbox.Endpoint, bar *receiver) {
+func delayedSetup(t *testing.T, db *testdb.DB) (b *bundle, fake *clock.Fake, start time.Time, rc *receiver, ep outbox.Endpoint, bar barrierEndpoint) {
 	start = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	fake = clock.NewFake(start)
 	b = setup(t, db, outbox.Config{Clock: fake})
-	rc, bar = newReceiver(t, nil), newReceiver(t, nil)
+	rc, bar.rc = newReceiver(t, nil), newReceiver(t, nil)
 	ep = b.endpoint("m", rc.URL)
-	b.endpoint("barrier", bar.URL)
-	b.relay(roomy(outbox.RelayConfig{}))
+	b.endpoint("barrier", bar.rc.URL)
+	bar.relay = b.relay(roomy(outbox.RelayConfig{}))
 	return b, fake, start, rc, ep, bar
 }
 

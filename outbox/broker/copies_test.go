@@ -38,6 +38,18 @@ func TestBrokerCopyOfDoneDeliveryNotSent(t *testing.T) {
 		if err := f.Stop(b.ctx); err != nil {
 			t.Fatal(err)
 		}
+		// A worker acknowledges a message after it recorded the delivery:
+		// wait until the stream let go of them all, so that the window the
+		// restarted server rebuilds from what the stream holds is empty.
+		streamEmpty := func() bool {
+			stream, err := b.js.Stream(b.ctx, broker.DefaultStream)
+			if err != nil {
+				return false
+			}
+			si, err := stream.Info(b.ctx)
+			return err == nil && si.State.Msgs == 0
+		}
+		testob.Eventually(t, "the stream emptied by the workers' acknowledgements", streamEmpty)
 		// The server restarts: its duplicate window now holds what the
 		// stream holds, nothing.
 		b.srv.Restart()
