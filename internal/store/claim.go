@@ -88,6 +88,12 @@ const (
 // of the two clocks and filters each row by its own clock: the only rows
 // read and skipped are those due by one clock and not yet by the other,
 // which with clocks in step is next to none.
+//
+// A claim also skips the deliveries of endpoints whose shared gate
+// (migration 012, gate.go) is blocked at the relay's now: circuit open,
+// no rate token, no in-flight room. Claimed, they could only be handed
+// back, a write each that every tenant pays for; they wait in place
+// instead, and are claimed once the gate opens again.
 
 // pgLeaseUntil is the expiry of a lease of $4 microseconds taken now;
 // pgLeaseUntil3 the same for $3.
@@ -113,6 +119,7 @@ const pgClaim = `WITH due AS (
     SELECT id, state FROM txhook_deliveries
     WHERE state IN ('pending', 'running') AND next_attempt_at <= GREATEST($1, now())
       AND CASE state WHEN 'running' THEN next_attempt_at <= now() ELSE next_attempt_at <= $1 END
+      AND NOT EXISTS (SELECT 1 FROM txhook_endpoint_gates g WHERE g.endpoint_id = txhook_deliveries.endpoint_id AND g.blocked_until > $1)
       AND {{async}}
     ORDER BY next_attempt_at
     LIMIT {{limit}}
@@ -147,6 +154,7 @@ JOIN txhook_events e ON e.id = d.event_id
 LEFT JOIN txhook_endpoints ep ON ep.id = d.endpoint_id
 WHERE d.state IN ('pending', 'running') AND d.next_attempt_at <= max(?1, ` + sqliteNow + `)
   AND CASE d.state WHEN 'running' THEN d.next_attempt_at <= ` + sqliteNow + ` ELSE d.next_attempt_at <= ?1 END
+  AND NOT EXISTS (SELECT 1 FROM txhook_endpoint_gates g WHERE g.endpoint_id = d.endpoint_id AND g.blocked_until > ?1)
 ORDER BY d.next_attempt_at
 LIMIT ?2`
 

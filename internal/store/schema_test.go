@@ -458,6 +458,15 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, err := s.BrokerKey(ctx, "S", now, nil, nil)
 			return err
 		},
+		"GateAcquire": func() error {
+			_, err := s.GateAcquire(ctx, store.GateAsk{Endpoint: ep.ID, Relay: "S", Now: now, Rate: 1, MaxInFlight: 1, SlotLease: time.Minute, Threshold: 1})
+			return err
+		},
+		"GateFinish": func() error {
+			_, err := s.GateFinish(ctx, store.GateFinish{Endpoint: ep.ID, Relay: "S", Now: now, Slot: true, Fault: true, Threshold: 1, Cooldown: time.Second, MaxCooldown: time.Minute})
+			return err
+		},
+		"GateSlots": func() error { _, err := s.GateSlots(ctx, ep.ID, now); return err },
 		"DeleteEndpoint": func() error { return s.DeleteEndpoint(ctx, ep.ID) },
 	}
 	order := []string{"CheckSchema", "CheckPooler", "Migrate", "Partition", "Partitioning", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
@@ -468,7 +477,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit",
 		"ForwardLease", "CurrentSnapshot", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
-		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
+		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "GateAcquire", "GateFinish", "GateSlots", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
 	}
