@@ -466,7 +466,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			_, err := s.GateFinish(ctx, store.GateFinish{Endpoint: ep.ID, Relay: "S", Now: now, Slot: true, Fault: true, Threshold: 1, Cooldown: time.Second, MaxCooldown: time.Minute})
 			return err
 		},
-		"GateSlots": func() error { _, err := s.GateSlots(ctx, ep.ID, now); return err },
+		"GateSlots":      func() error { _, err := s.GateSlots(ctx, ep.ID, now); return err },
 		"DeleteEndpoint": func() error { return s.DeleteEndpoint(ctx, ep.ID) },
 	}
 	order := []string{"CheckSchema", "CheckPooler", "Migrate", "Partition", "Partitioning", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
