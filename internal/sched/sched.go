@@ -189,6 +189,11 @@ type endpoint struct {
 	failures  int
 	openUntil time.Time
 	cooldown  time.Duration
+
+	// gateUntil is when the fleet's shared gate of the endpoint (its
+	// limits and circuit, as every relay sees them) may let a request
+	// through again: see Hold.
+	gateUntil time.Time
 }
 
 // Scheduler holds the jobs a relay has claimed and not yet started, and the
@@ -356,6 +361,9 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 		wait(s.slowLoad(now), s.cfg.SlowShare, slow)
 		wait(e.inflight+len(e.waiting), max(1, s.cfg.SlowShare/2), slow)
 	}
+	if e.gateUntil.After(start) {
+		start = e.gateUntil
+	}
 	rateStart := now
 	if need := float64(len(e.waiting)+1) - e.tokensNow(now); need > 0 {
 		rateStart = now.Add(time.Duration(need / e.rate * float64(time.Second)))
@@ -371,6 +379,10 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 			s.expireAt = exp
 		}
 		return true, time.Time{}
+	}
+	if !e.gateUntil.Before(now.Add(s.cfg.Horizon)) {
+		// The fleet's gate holds the endpoint (see Hold): due when it opens.
+		return false, s.capAt(s.spread(e.gateUntil, max(50*time.Millisecond, e.gateUntil.Sub(now))), now, s.cfg.MaxPostpone)
 	}
 	if !e.proven && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
 		// Its first answer is still out, and not late yet: by the time this
@@ -508,7 +520,7 @@ func (s *Scheduler) startable(e *endpoint, now time.Time, slow *int) bool {
 		}
 		e.circuit = halfOpen
 	}
-	if e.inflight >= e.capacity() || e.tokensNow(now) < 1 {
+	if e.inflight >= e.capacity() || e.tokensNow(now) < 1 || now.Before(e.gateUntil) {
 		return false
 	}
 	if !s.fast(e, now) {
@@ -567,21 +579,7 @@ func (s *Scheduler) tidy() {
 // opening circuit sends back.
 func (s *Scheduler) Done(now time.Time, j *Job, o Outcome, took time.Duration) []Back {
 	e := j.ep
-	for i, r := range e.running {
-		if r == j {
-			last := len(e.running) - 1
-			e.running[i] = e.running[last]
-			e.running[last] = nil
-			e.running = e.running[:last]
-			break
-		}
-	}
-	e.inflight--
-	e.t.inflight--
-	s.inflight--
-	if e.inflight == 0 {
-		delete(s.busy, e)
-	}
+	s.unrun(e, j)
 	e.lastUsed = now
 	if o == NotSent {
 		return nil
@@ -618,6 +616,91 @@ func (s *Scheduler) Done(now time.Time, j *Job, o Outcome, took time.Duration) [
 	return nil
 }
 
+// unrun takes j off e's requests in flight.
+func (s *Scheduler) unrun(e *endpoint, j *Job) {
+	for i, r := range e.running {
+		if r == j {
+			last := len(e.running) - 1
+			e.running[i] = e.running[last]
+			e.running[last] = nil
+			e.running = e.running[:last]
+			break
+		}
+	}
+	e.inflight--
+	e.t.inflight--
+	s.inflight--
+	if e.inflight == 0 {
+		delete(s.busy, e)
+	}
+}
+
+// Defer takes back a job Next returned that did not start after all: the
+// fleet's shared gate of its endpoint said no until `until`. The job
+// waits again, first in its endpoint's line, and the endpoint starts
+// nothing before until (see Hold); what cannot start within Horizon of
+// being held is returned, to go back to the database.
+func (s *Scheduler) Defer(now time.Time, j *Job, until time.Time) []Back {
+	e := j.ep
+	s.unrun(e, j)
+	if e.rate > 0 {
+		e.tokens = min(float64(e.burst), e.tokens+1)
+	}
+	return s.hold(e, now, until, j)
+}
+
+// Hold keeps the endpoint from starting anything before until: the
+// fleet's shared gate (another relay's open circuit, the endpoint's
+// shared rate or in-flight cap) says it must wait. Jobs held for it that
+// cannot start within Horizon are returned, to go back to the database,
+// due at until.
+func (s *Scheduler) Hold(now time.Time, endpoint string, until time.Time) []Back {
+	e := s.eps[endpoint]
+	if e == nil {
+		return nil
+	}
+	return s.hold(e, now, until, nil)
+}
+
+func (s *Scheduler) hold(e *endpoint, now, until time.Time, j *Job) []Back {
+	if until.After(e.gateUntil) {
+		e.gateUntil = until
+	}
+	fits := func(w *Job) bool { return w.queued.Add(s.cfg.Horizon).After(e.gateUntil) }
+	due := func() time.Time {
+		return s.capAt(s.spread(e.gateUntil, max(50*time.Millisecond, e.gateUntil.Sub(now))), now, s.cfg.MaxPostpone)
+	}
+	var back []Back
+	lined := make([]*Job, 0, len(e.waiting)+1)
+	if j != nil {
+		// j counts as waiting again, first in its endpoint's line.
+		lined = append(lined, j)
+		e.t.waiting++
+		s.waiting++
+	}
+	lined = append(lined, e.waiting...)
+	clear(e.waiting)
+	e.waiting = e.waiting[:0]
+	for _, w := range lined {
+		if fits(w) {
+			e.waiting = append(e.waiting, w)
+			if exp := w.queued.Add(s.cfg.Horizon); s.expireAt.IsZero() || exp.Before(s.expireAt) {
+				s.expireAt = exp
+			}
+			continue
+		}
+		back = append(back, Back{Job: w, At: due(), Reason: "shared"})
+		e.t.waiting--
+		s.waiting--
+	}
+	if len(e.waiting) > 0 {
+		s.enring(e)
+	} else {
+		s.dirty = true
+	}
+	return back
+}
+
 // open opens e's circuit and gives its waiting jobs back until it
 // half-opens.
 func (s *Scheduler) open(e *endpoint, now time.Time) []Back {
@@ -652,7 +735,7 @@ func (s *Scheduler) Expire(now time.Time) []Back {
 			for _, e := range t.ring {
 				n := 0
 				for n < len(e.waiting) && !e.waiting[n].queued.After(cut) {
-					back = append(back, Back{Job: e.waiting[n], At: now.Add(max(s.cfg.Horizon, s.estimate(e, now))), Reason: "expired"})
+					back = append(back, Back{Job: e.waiting[n], At: maxTime(e.gateUntil, now.Add(max(s.cfg.Horizon, s.estimate(e, now)))), Reason: "expired"})
 					e.waiting[n] = nil
 					n++
 				}
@@ -685,7 +768,7 @@ func (s *Scheduler) Expire(now time.Time) []Back {
 func (s *Scheduler) prune(now time.Time) {
 	s.lastPrune = now
 	for id, e := range s.eps {
-		if e.inflight > 0 || len(e.waiting) > 0 || e.circuit != closed || e.failures > 0 || e.backCursor.After(now) {
+		if e.inflight > 0 || len(e.waiting) > 0 || e.circuit != closed || e.failures > 0 || e.backCursor.After(now) || e.gateUntil.After(now) {
 			continue
 		}
 		if now.Sub(e.lastUsed) >= idleTTL || len(s.eps) > maxIdleEndpoints {
@@ -715,6 +798,9 @@ func (s *Scheduler) Wake(now time.Time) time.Time {
 			at(e.waiting[0].queued.Add(s.cfg.Horizon))
 			if e.circuit == open {
 				at(e.openUntil)
+			}
+			if e.gateUntil.After(now) {
+				at(e.gateUntil)
 			}
 			if tk := e.tokensNow(now); tk < 1 {
 				at(now.Add(time.Duration((1 - tk) / e.rate * float64(time.Second))))
