@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"context"
 	"time"
 
+	"github.com/txhook/txhook/internal/gate"
 	"github.com/txhook/txhook/internal/sched"
 )
 
@@ -102,6 +104,9 @@ func (r *Relay) putBack(j *job, at time.Time) {
 
 func (r *Relay) giveBack(back []sched.Back) {
 	for _, b := range back {
+		if b.Reason == "shared" {
+			r.stats.deferred.Add(1)
+		}
 		r.putBack(b.Job.Value.(*job), b.At)
 	}
 }
@@ -122,13 +127,24 @@ func (r *Relay) worker() {
 		r.mu.Unlock()
 		r.giveBack(back)
 		if j != nil {
+			pass, ok := r.passGate(j)
+			if !ok {
+				r.mu.Lock()
+				continue
+			}
 			out, took := r.process(j)
 			r.endAttempt(j, &out)
+			kind := r.outcomeKind(&out, took)
+			openUntil := r.finishGate(j, pass, kind)
 			// The endpoint's state first: once the outcome is written, what
 			// it caused (a replay of a dead letter, say) must meet the
 			// circuit this attempt left behind.
 			r.mu.Lock()
-			back = r.sch.Done(r.clock.Now(), &j.sj, r.outcomeKind(&out, took), took)
+			now := r.clock.Now()
+			back = r.sch.Done(now, &j.sj, kind, took)
+			if openUntil.After(now) {
+				back = append(back, r.sch.Hold(now, j.c.EndpointID, openUntil)...)
+			}
 			r.cond.Signal()
 			r.mu.Unlock()
 			r.comp.add(out)
@@ -148,4 +164,67 @@ func (r *Relay) outcomeKind(out *outcome, took time.Duration) sched.Outcome {
 		return sched.Fault
 	}
 	return sched.Answered
+}
+
+// passGate asks the endpoint's shared gate (internal/gate) for j's
+// request. When it says to wait, j goes back to the scheduler, which holds
+// the endpoint until then (or gives j back to the database when that is
+// beyond its horizon), and passGate returns false.
+func (r *Relay) passGate(j *job) (gate.Pass, bool) {
+	if r.gate == nil || r.stopping.Load() {
+		return gate.Pass{}, true
+	}
+	c := &j.c
+	ctx, cancel := context.WithTimeout(r.httpCtx, r.cfg.Timeout)
+	pass, err := r.gate.Acquire(ctx, r.clock.Now(), gate.Request{Endpoint: c.EndpointID, Rate: c.RateLimit, Burst: c.RateBurst, MaxInFlight: c.MaxInFlight})
+	cancel()
+	now := r.clock.Now()
+	var until time.Time
+	switch {
+	case err != nil:
+		if r.gateErrors.due(c.EndpointID, time.Now()) {
+			r.log.Warn("txhook: asking the endpoint's shared limits failed; its deliveries wait", "endpoint", c.EndpointID, "error", err)
+		}
+		until = now.Add(time.Second)
+	case !pass.OK():
+		until, _ = pass.Wait()
+	default:
+		return pass, true
+	}
+	r.mu.Lock()
+	back := r.sch.Defer(now, &j.sj, maxTime(until, now.Add(time.Millisecond)))
+	r.cond.Signal()
+	r.mu.Unlock()
+	r.giveBack(back)
+	return pass, false
+}
+
+// finishGate tells the gate how j's request went, and returns until when
+// the endpoint's shared circuit is open (zero: it is not).
+func (r *Relay) finishGate(j *job, pass gate.Pass, kind sched.Outcome) time.Time {
+	if r.gate == nil {
+		return time.Time{}
+	}
+	o := gate.NotSent
+	switch kind {
+	case sched.Answered:
+		o = gate.Answered
+	case sched.Fault:
+		o = gate.Fault
+	}
+	// Also after Stop cancelled the requests: the slot must come back.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.httpCtx), r.cfg.Timeout)
+	defer cancel()
+	until, err := r.gate.Finish(ctx, r.clock.Now(), pass, o)
+	if err != nil && r.gateErrors.due(j.c.EndpointID, time.Now()) {
+		r.log.Warn("txhook: reporting to the endpoint's shared limits failed; its slot comes back when its lease ends", "endpoint", j.c.EndpointID, "error", err)
+	}
+	return until
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

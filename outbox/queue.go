@@ -56,6 +56,7 @@ func (o *Outbox) newQueueRelay(cfg RelayConfig, src queue.Source, owner string) 
 		return nil, err
 	}
 	r.src, r.owner = src, owner
+	r.gate = nil // a broker worker's database is the history; limits stay per worker
 	return r, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txhook/txhook/internal/gate"
 	"github.com/txhook/txhook/internal/queue"
 	"github.com/txhook/txhook/internal/safehttp"
 	"github.com/txhook/txhook/internal/sched"
@@ -62,12 +63,13 @@ type Relay struct {
 	stopped     chan struct{}
 	stopErr     error
 
-	secrets   secretCache
-	pins      pinCache
-	transport transportCache
-	refusals  logLimiter
-	late      logLimiter // deliveries given back because preparing them outlasted startBy
-	stats     relayCounters
+	secrets    secretCache
+	pins       pinCache
+	transport  transportCache
+	refusals   logLimiter
+	late       logLimiter // deliveries given back because preparing them outlasted startBy
+	gateErrors logLimiter // failed exchanges with the shared gates
+	stats      relayCounters
 
 	clockCheck clockCheck // this relay's clock against the database's; see clockcheck.go
 
@@ -76,12 +78,17 @@ type Relay struct {
 	// queue.go); nil and "" for a relay of table mode.
 	src   queue.Source
 	owner string
+
+	// gate asks the fleet's shared endpoint gates (internal/gate); nil in
+	// broker mode, whose workers keep their limits per process.
+	gate *gate.Client
 }
 
 type relayCounters struct {
 	claimed, succeeded, failed, dead, released, refused, lost atomic.Uint64
 	refusedDead                                               atomic.Uint64
 	polls, emptyPolls                                         atomic.Uint64
+	deferred                                                  atomic.Uint64
 }
 
 // RelayStats counts what a relay has done since it started.
@@ -110,6 +117,19 @@ type RelayStats struct {
 	// number of relays sharing an outbox.
 	Polls, EmptyPolls uint64
 
+	// Deferred counts the claims among Released given back because the
+	// endpoint's shared gate (its limits and circuit, held in the
+	// database for every relay: see docs/delivery.md, Protecting
+	// receivers) said to wait longer than the relay holds a claim.
+	Deferred uint64
+	// SharedLimitWaits counts the times the shared gate told this relay
+	// to wait before a request (the endpoint's rate or in-flight cap used
+	// by the relays together, or its circuit open or being probed by
+	// another relay); SharedLimitErrors the exchanges with it that failed
+	// (a database error): the request then waits a second, since the
+	// limits cannot be checked.
+	SharedLimitWaits, SharedLimitErrors uint64
+
 	// InFlight is how many requests the relay has under way now, and
 	// Waiting how many claimed deliveries wait in its memory to start (each
 	// at most a second before it goes back to the database).
@@ -122,13 +142,17 @@ func (r *Relay) Stats() RelayStats {
 	r.mu.Lock()
 	inFlight, waiting := r.sch.InFlight(), r.sch.Waiting()
 	r.mu.Unlock()
-	return RelayStats{
+	st := RelayStats{
 		Claimed: r.stats.claimed.Load(), Succeeded: r.stats.succeeded.Load(), Failed: r.stats.failed.Load(),
 		DeadLettered: r.stats.dead.Load(), Released: r.stats.released.Load(), Refused: r.stats.refused.Load(),
 		DeadLetteredRefused: r.stats.refusedDead.Load(),
 		LeaseLost:           r.stats.lost.Load(), Polls: r.stats.polls.Load(), EmptyPolls: r.stats.emptyPolls.Load(),
-		InFlight: inFlight, Waiting: waiting,
+		InFlight: inFlight, Waiting: waiting, Deferred: r.stats.deferred.Load(),
 	}
+	if r.gate != nil {
+		st.SharedLimitWaits, st.SharedLimitErrors = r.gate.Waits(), r.gate.Errors()
+	}
+	return st
 }
 
 // job is one claimed delivery in memory.
@@ -214,6 +238,8 @@ func (o *Outbox) newRelay(cfg RelayConfig) (*Relay, error) {
 		stopped:    make(chan struct{}),
 	}
 	r.cond = sync.NewCond(&r.mu)
+	r.gate = gate.New(o.st, gate.Config{Relay: cfg.ID, Lease: cfg.Lease, Threshold: max(0, cfg.BreakerThreshold),
+		Cooldown: cfg.BreakerCooldown, MaxCooldown: cfg.BreakerMaxCooldown})
 	return r, nil
 }
 

@@ -1,0 +1,154 @@
+// Package gate is a relay's side of the fleet's endpoint gates: an
+// endpoint's rate limit, in-flight cap and circuit breaker held in the
+// database (migration 012, internal/store/gate.go), so that they hold for
+// the endpoint across every relay process sharing it, however many run
+// and however they start and stop.
+//
+// A relay asks the gate before each request to an endpoint with limits,
+// or to one whose shared circuit counts faults, and tells it how the
+// request went. An endpoint without limits and without faults costs the
+// database nothing here: its first fault is reported (one statement), and
+// from then on until an answer clears the count, its requests go through
+// the gate too, so that a circuit opened by one relay stops the others
+// and only one of them probes it.
+//
+//	c := gate.New(st, gate.Config{Relay: "relay-1", Lease: 30 * time.Second})
+//	p, err := c.Acquire(ctx, now, gate.Request{Endpoint: "ep_1", Rate: 50, MaxInFlight: 4})
+//	if err == nil && p.OK() {
+//		// send, then
+//		openUntil, _ := c.Finish(ctx, now, p, gate.Answered)
+//	}
+package gate
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/txhook/txhook/internal/store"
+)
+
+// Config configures a Client.
+type Config struct {
+	Relay string        // the relay's lease owner name
+	Lease time.Duration // longer than any request may run: a slot counts this long after its request starts
+	// The breaker, as the relay's: faults in a row that open the circuit
+	// (≤ 0: none), the first open period, and its cap as failed probes
+	// double it.
+	Threshold             int
+	Cooldown, MaxCooldown time.Duration
+}
+
+// Request is one request to ask the gate for.
+type Request struct {
+	Endpoint    string
+	Rate        float64 // requests per second; 0: none
+	Burst       int
+	MaxInFlight int // 0: no shared cap
+}
+
+// Outcome is how a request went, as the breaker counts it.
+type Outcome int
+
+// Outcomes.
+const (
+	NotSent  Outcome = iota // no request was made
+	Answered                // the receiver answered and is up
+	Fault                   // no answer, a timeout, 5xx, 408 or 429
+)
+
+// Pass is the gate's answer to Acquire.
+type Pass struct {
+	endpoint string
+	asked    bool
+	grant    store.GateGrant
+}
+
+// OK reports whether the request may go now.
+func (p Pass) OK() bool { return !p.asked || p.grant.OK }
+
+// Wait returns when to ask again, and why ("circuit", "rate", "busy"),
+// for a Pass that is not OK.
+func (p Pass) Wait() (time.Time, string) { return p.grant.RetryAt, p.grant.Reason }
+
+// Client asks the gates for one relay. It is safe for concurrent use.
+type Client struct {
+	st  *store.Store
+	cfg Config
+
+	mu      sync.Mutex
+	failing map[string]bool // endpoints whose shared circuit counted faults when last seen
+
+	waits, errors atomic.Uint64
+}
+
+// New returns a Client.
+func New(st *store.Store, cfg Config) *Client {
+	return &Client{st: st, cfg: cfg, failing: map[string]bool{}}
+}
+
+// Waits counts the requests the gate told to wait; Errors the exchanges
+// that failed.
+func (c *Client) Waits() uint64  { return c.waits.Load() }
+func (c *Client) Errors() uint64 { return c.errors.Load() }
+
+func (c *Client) isFailing(endpoint string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failing[endpoint]
+}
+
+func (c *Client) seen(endpoint string, failures int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if failures > 0 {
+		c.failing[endpoint] = true
+	} else {
+		delete(c.failing, endpoint)
+	}
+}
+
+// Acquire asks the gate for one request to r.Endpoint: it returns an OK
+// Pass at once, without asking the database, for an endpoint without
+// limits whose circuit counted no fault. On an error the request must
+// wait: the limits cannot be checked.
+func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, error) {
+	p := Pass{endpoint: r.Endpoint}
+	if r.Rate <= 0 && r.MaxInFlight <= 0 && !c.isFailing(r.Endpoint) {
+		return p, nil
+	}
+	p.asked = true
+	g, err := c.st.GateAcquire(ctx, store.GateAsk{Endpoint: r.Endpoint, Relay: c.cfg.Relay, Now: now, Rate: r.Rate, Burst: r.Burst,
+		MaxInFlight: r.MaxInFlight, SlotLease: c.cfg.Lease, Threshold: c.cfg.Threshold})
+	if err != nil {
+		c.errors.Add(1)
+		return p, err
+	}
+	p.grant = g
+	c.seen(r.Endpoint, g.Failures)
+	if !g.OK {
+		c.waits.Add(1)
+	}
+	return p, nil
+}
+
+// Finish reports how the request p let through went: it gives its slot
+// back and counts a fault, or an answer after faults, toward the shared
+// circuit. It returns when the circuit is open until, zero when it is not
+// (or nothing needed telling).
+func (c *Client) Finish(ctx context.Context, now time.Time, p Pass, o Outcome) (time.Time, error) {
+	report := o == Fault || o == Answered && c.isFailing(p.endpoint)
+	if !p.grant.Slot && !p.grant.Probe && !report {
+		return time.Time{}, nil
+	}
+	st, err := c.st.GateFinish(ctx, store.GateFinish{Endpoint: p.endpoint, Relay: c.cfg.Relay, Now: now,
+		Slot: p.grant.Slot, Probe: p.grant.Probe, Fault: o == Fault, Answered: o == Answered,
+		Threshold: c.cfg.Threshold, Cooldown: c.cfg.Cooldown, MaxCooldown: c.cfg.MaxCooldown})
+	if err != nil {
+		c.errors.Add(1)
+		return time.Time{}, err
+	}
+	c.seen(p.endpoint, st.Failures)
+	return st.OpenUntil, nil
+}
