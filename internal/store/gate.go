@@ -75,12 +75,12 @@ type gateRow struct {
 
 // lockGate creates the endpoint's gate row if missing and locks it,
 // returning it.
-func (s *Store) lockGate(ctx context.Context, q Querier, endpoint string, burst float64) (gateRow, error) {
+func (s *Store) lockGate(ctx context.Context, q Querier, endpoint string) (gateRow, error) {
 	var g gateRow
 	query := `INSERT INTO txhook_endpoint_gates (endpoint_id, tokens) VALUES (?, ?)
 ON CONFLICT (endpoint_id) DO UPDATE SET endpoint_id = excluded.endpoint_id
 RETURNING tokens, refilled_at, failures, cooldown_us, open_until, probe_until`
-	err := q.QueryRowContext(ctx, s.Rebind(query), endpoint, burst).
+	err := q.QueryRowContext(ctx, s.Rebind(query), endpoint, 0.0).
 		Scan(&g.tokens, &g.refilled, &g.failures, &g.cooldown, &g.openUntil, &g.probeTill)
 	return g, err
 }
@@ -103,19 +103,21 @@ func (s *Store) GateAcquire(ctx context.Context, a GateAsk) (GateGrant, error) {
 	var out GateGrant
 	err := s.Tx(ctx, func(q Querier) error {
 		out = GateGrant{}
-		g, err := s.lockGate(ctx, q, a.Endpoint, burst)
+		g, err := s.lockGate(ctx, q, a.Endpoint)
 		if err != nil {
 			return err
 		}
 		now := a.Now
 		out.Failures = g.failures
-		// The bucket: a row new to the rate starts full, as a relay's
-		// bucket did, so a first burst goes out at once.
+		// The bucket. A row new to the rate starts empty, as a relay's
+		// own bucket does: relays that see the endpoint for the first time
+		// must not add a burst to what was just sent. An idle endpoint's
+		// bucket fills up to the burst.
 		tokens := g.tokens
 		refilled := g.refilled.Time
 		if a.Rate > 0 {
 			if refilled.IsZero() {
-				tokens, refilled = burst, now
+				tokens, refilled = 0, now
 			} else if now.After(refilled) {
 				tokens = min(burst, tokens+now.Sub(refilled).Seconds()*a.Rate)
 				refilled = now
@@ -194,7 +196,7 @@ ON CONFLICT (endpoint_id, relay) DO UPDATE SET slots = excluded.slots, expires_a
 func (s *Store) GateFinish(ctx context.Context, f GateFinish) (GateState, error) {
 	var st GateState
 	err := s.Tx(ctx, func(q Querier) error {
-		g, err := s.lockGate(ctx, q, f.Endpoint, 0)
+		g, err := s.lockGate(ctx, q, f.Endpoint)
 		if err != nil {
 			return err
 		}

@@ -36,6 +36,11 @@ func TestGateSharedAcrossRelays(t *testing.T) {
 			}
 			return s
 		}
+		// The bucket starts empty and fills at 10/s up to its burst of 3.
+		if g := ask("a", now); g.OK || g.Reason != "rate" {
+			t.Fatalf("first ask: %+v, want rate (the bucket starts empty)", g)
+		}
+		now = now.Add(time.Second)
 		// Two slots in all: relay b finds none once a has two.
 		a1, a2 := ask("a", now), ask("a", now)
 		if !a1.OK || !a2.OK || !a1.Slot {

@@ -1,0 +1,179 @@
+package outbox_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/outbox"
+)
+
+// Issue 25 §1: an endpoint's limits and circuit hold for the endpoint
+// across every relay process sharing the database, not per process.
+
+// fleetReceiver counts, per path, the requests that arrive in each 100 ms
+// and the requests it has under way at once.
+type fleetReceiver struct {
+	*httptest.Server
+	delay map[string]time.Duration
+	fail  map[string]func() bool // answer 503 when it returns true
+
+	mu       sync.Mutex
+	start    time.Time
+	buckets  map[string]map[int]int // path → 100 ms slot since start → requests
+	inflight map[string]int
+	peak     map[string]int
+	total    map[string]int
+	arrivals map[string][]time.Time
+}
+
+func newFleetReceiver(t *testing.T) *fleetReceiver {
+	f := &fleetReceiver{delay: map[string]time.Duration{}, fail: map[string]func() bool{}, start: time.Now(),
+		buckets: map[string]map[int]int{}, inflight: map[string]int{}, peak: map[string]int{}, total: map[string]int{},
+		arrivals: map[string][]time.Time{}}
+	f.Server = httptest.NewServer(f)
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *fleetReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	p := r.URL.Path
+	now := time.Now()
+	f.mu.Lock()
+	if f.buckets[p] == nil {
+		f.buckets[p] = map[int]int{}
+	}
+	f.buckets[p][int(now.Sub(f.start)/(100*time.Millisecond))]++
+	f.inflight[p]++
+	f.peak[p] = max(f.peak[p], f.inflight[p])
+	f.total[p]++
+	f.arrivals[p] = append(f.arrivals[p], now)
+	d, fail := f.delay[p], f.fail[p]
+	f.mu.Unlock()
+	if d > 0 {
+		time.Sleep(d)
+	}
+	f.mu.Lock()
+	f.inflight[p]--
+	f.mu.Unlock()
+	if fail != nil && fail() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// maxPerSecond is the most requests to path in any ten consecutive
+// 100 ms slots.
+func (f *fleetReceiver) maxPerSecond(path string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.buckets[path]
+	var slots []int
+	for s := range b {
+		slots = append(slots, s)
+	}
+	sort.Ints(slots)
+	best := 0
+	for _, s := range slots {
+		n := 0
+		for i := s; i < s+10; i++ {
+			n += b[i]
+		}
+		best = max(best, n)
+	}
+	return best
+}
+
+func (f *fleetReceiver) stats(path string) (total, peak int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.total[path], f.peak[path]
+}
+
+// TestLimitsHoldAcrossRelayProcesses: one, two and four relay processes
+// (real subprocesses) send to an endpoint limited to 10 requests/s with a
+// burst of 2, and to one limited to 2 in flight that answers slowly.
+// Over any second the first gets at most 12 requests, and the second
+// never has more than 2 under way, however many relays send. With limits
+// per relay process, four relays sent four times as much.
+func TestLimitsHoldAcrossRelayProcesses(t *testing.T) {
+	testdb.EachPostgres(t, func(t *testing.T, base *testdb.DB) {
+		for _, n := range []int{1, 2, 4} {
+			t.Run(fmt.Sprintf("%d-relays", n), func(t *testing.T) {
+				db := testdb.Open(t, base.Backend) // a schema of its own
+				b := setup(t, db, outbox.Config{})
+				recv := newFleetReceiver(t)
+				recv.delay["/slow"] = 100 * time.Millisecond
+				const rate, burst, maxInFlight, events = 10, 2, 2, 30
+				if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "rated", URL: recv.URL + "/rated",
+					Limits: outbox.Limits{RatePerSecond: rate, Burst: burst}}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "slow", URL: recv.URL + "/slow",
+					Limits: outbox.Limits{MaxInFlight: maxInFlight}}); err != nil {
+					t.Fatal(err)
+				}
+				var children []*child
+				for i := range n {
+					children = append(children, startRelayProcess(t, db, fmt.Sprintf("fleet-%d", i), 30*time.Second, 10*time.Second, 8))
+				}
+				b.enqueueMany("rated", events)
+				b.enqueueMany("slow", events)
+				b.eventually("every delivery succeeded", func() bool {
+					return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 2*events
+				})
+				for _, c := range children {
+					c.terminate(t)
+				}
+				if got := recv.maxPerSecond("/rated"); got > rate+burst {
+					t.Errorf("%d relays: %d requests in one second to an endpoint limited to %d/s with a burst of %d", n, got, rate, burst)
+				}
+				if total, peak := recv.stats("/slow"); peak > maxInFlight || total < events {
+					t.Errorf("%d relays: %d requests in flight at once (of %d) to an endpoint limited to %d", n, peak, total, maxInFlight)
+				}
+				t.Logf("%d relays: most requests in a second %d (limit %d + burst %d); most in flight %d (cap %d)",
+					n, recv.maxPerSecond("/rated"), rate, burst, func() int { _, p := recv.stats("/slow"); return p }(), maxInFlight)
+			})
+		}
+	})
+}
+
+// TestLimitsHoldAcrossRelaysOnSQLite: SQLite serves one process; the
+// relays it runs share the endpoint's limits through the same tables.
+func TestLimitsHoldAcrossRelaysOnSQLite(t *testing.T) {
+	db := testdb.SQLite(t)
+	b := setup(t, db, outbox.Config{})
+	recv := newFleetReceiver(t)
+	recv.delay["/slow"] = 100 * time.Millisecond
+	const rate, burst, maxInFlight, events = 10, 2, 2, 30
+	if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "rated", URL: recv.URL + "/rated",
+		Limits: outbox.Limits{RatePerSecond: rate, Burst: burst}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "slow", URL: recv.URL + "/slow",
+		Limits: outbox.Limits{MaxInFlight: maxInFlight}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		b.relay(outbox.RelayConfig{Concurrency: 8, EndpointConcurrency: 8})
+	}
+	b.enqueueMany("rated", events)
+	b.enqueueMany("slow", events)
+	b.eventually("every delivery succeeded", func() bool {
+		return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 2*events
+	})
+	if got := recv.maxPerSecond("/rated"); got > rate+burst {
+		t.Errorf("%d requests in one second to an endpoint limited to %d/s with a burst of %d", got, rate, burst)
+	}
+	if _, peak := recv.stats("/slow"); peak > maxInFlight {
+		t.Errorf("%d requests in flight at once to an endpoint limited to %d", peak, maxInFlight)
+	}
+}
