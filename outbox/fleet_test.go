@@ -102,8 +102,9 @@ func (f *fleetReceiver) stats(path string) (total, peak int) {
 // (real subprocesses) send to an endpoint limited to 10 requests/s with a
 // burst of 2, and to one limited to 2 in flight that answers slowly.
 // Over any second the first gets at most 12 requests, and the second
-// never has more than 2 under way, however many relays send. With limits
-// per relay process, four relays sent four times as much.
+// never has more than 2 under way, however many relays send. Each relay
+// claims 10 deliveries at a time, so that they share the backlog: with
+// limits per relay process, each sent as much as the limit allows.
 func TestLimitsHoldAcrossRelayProcesses(t *testing.T) {
 	testdb.EachPostgres(t, func(t *testing.T, base *testdb.DB) {
 		for _, n := range []int{1, 2, 4} {
@@ -112,7 +113,7 @@ func TestLimitsHoldAcrossRelayProcesses(t *testing.T) {
 				b := setup(t, db, outbox.Config{})
 				recv := newFleetReceiver(t)
 				recv.delay["/slow"] = 100 * time.Millisecond
-				const rate, burst, maxInFlight, events = 10, 2, 2, 30
+				const rate, burst, maxInFlight, events = 10, 2, 2, 50
 				if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "rated", URL: recv.URL + "/rated",
 					Limits: outbox.Limits{RatePerSecond: rate, Burst: burst}}); err != nil {
 					t.Fatal(err)
@@ -123,7 +124,7 @@ func TestLimitsHoldAcrossRelayProcesses(t *testing.T) {
 				}
 				var children []*child
 				for i := range n {
-					children = append(children, startRelayProcess(t, db, fmt.Sprintf("fleet-%d", i), 30*time.Second, 10*time.Second, 8))
+					children = append(children, startRelayProcess(t, db, fmt.Sprintf("fleet-%d", i), 30*time.Second, 10*time.Second, 8, "TXHOOK_CHILD_BATCH=10"))
 				}
 				b.enqueueMany("rated", events)
 				b.enqueueMany("slow", events)
@@ -163,7 +164,7 @@ func TestLimitsHoldAcrossRelaysOnSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		b.relay(outbox.RelayConfig{Concurrency: 8, EndpointConcurrency: 8})
+		b.relay(outbox.RelayConfig{Concurrency: 8, EndpointConcurrency: 8, BatchSize: 10})
 	}
 	b.enqueueMany("rated", events)
 	b.enqueueMany("slow", events)

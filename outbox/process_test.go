@@ -71,6 +71,7 @@ func runChildRelay() int {
 		EndpointConcurrency: conc, ID: id,
 		// Receivers of multi-process tests tell the relays apart by this.
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return relayTag{rt, id} }}
+	rcfg.BatchSize, _ = strconv.Atoi(os.Getenv("TXHOOK_CHILD_BATCH"))
 	if os.Getenv("TXHOOK_CHILD_FAST_RETRY") == "1" {
 		rcfg.Retry = fastRetry()
 		rcfg.BreakerCooldown = 50 * time.Millisecond

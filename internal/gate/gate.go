@@ -78,14 +78,15 @@ type Client struct {
 	cfg Config
 
 	mu      sync.Mutex
-	failing map[string]bool // endpoints whose shared circuit counted faults when last seen
+	failing map[string]bool      // endpoints whose shared circuit counted faults when last seen
+	checked map[string]time.Time // when the circuit of an endpoint without limits was last read (real time)
 
 	waits, errors atomic.Uint64
 }
 
 // New returns a Client.
 func New(st *store.Store, cfg Config) *Client {
-	return &Client{st: st, cfg: cfg, failing: map[string]bool{}}
+	return &Client{st: st, cfg: cfg, failing: map[string]bool{}, checked: map[string]time.Time{}}
 }
 
 // Waits counts the requests the gate told to wait; Errors the exchanges
@@ -109,14 +110,56 @@ func (c *Client) seen(endpoint string, failures int) {
 	}
 }
 
-// Acquire asks the gate for one request to r.Endpoint: it returns an OK
-// Pass at once, without asking the database, for an endpoint without
-// limits whose circuit counted no fault. On an error the request must
-// wait: the limits cannot be checked.
+// PeekEvery is how often, at most, a relay reads the shared circuit of an
+// endpoint without limits that it has seen no fault of: another relay
+// may have opened it. It is the longest such a relay may go on sending
+// to an endpoint whose circuit another relay opened (besides what
+// claims skip), and a quarter of the cooldown when that is shorter.
+const PeekEvery = 5 * time.Second
+
+// fresh reports whether the circuit of endpoint, which has no limits,
+// was read within the last peek period; if not, it counts it as read now.
+func (c *Client) fresh(endpoint string) bool {
+	every := min(PeekEvery, max(100*time.Millisecond, c.cfg.Cooldown/4))
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failing[endpoint] {
+		return false
+	}
+	if at, ok := c.checked[endpoint]; ok && now.Sub(at) < every {
+		return true
+	}
+	if len(c.checked) > 100000 {
+		clear(c.checked)
+	}
+	c.checked[endpoint] = now
+	return false
+}
+
+// Acquire asks the gate for one request to r.Endpoint. For an endpoint
+// without limits whose circuit counted no fault it asks nothing: it
+// reads the circuit once per PeekEvery and returns an OK Pass. On an
+// error the request must wait: the limits cannot be checked.
 func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, error) {
 	p := Pass{endpoint: r.Endpoint}
-	if r.Rate <= 0 && r.MaxInFlight <= 0 && !c.isFailing(r.Endpoint) {
-		return p, nil
+	if r.Rate <= 0 && r.MaxInFlight <= 0 && c.cfg.Threshold > 0 && !c.isFailing(r.Endpoint) {
+		if c.fresh(r.Endpoint) {
+			return p, nil
+		}
+		n, err := c.st.GatePeek(ctx, r.Endpoint)
+		if err != nil {
+			c.errors.Add(1)
+			c.mu.Lock()
+			delete(c.checked, r.Endpoint)
+			c.mu.Unlock()
+			return p, err
+		}
+		if n == 0 {
+			return p, nil
+		}
+	} else if r.Rate <= 0 && r.MaxInFlight <= 0 && !c.isFailing(r.Endpoint) {
+		return p, nil // no limits, no breaker
 	}
 	p.asked = true
 	g, err := c.st.GateAcquire(ctx, store.GateAsk{Endpoint: r.Endpoint, Relay: c.cfg.Relay, Now: now, Rate: r.Rate, Burst: r.Burst,

@@ -252,3 +252,14 @@ func (s *Store) GateSlots(ctx context.Context, endpoint string, now time.Time) (
 		endpoint, s.T(now)).Scan(&n)
 	return int(n.Int64), err
 }
+
+// GatePeek reads the endpoint's shared circuit without locking or
+// writing anything: its faults in a row (0 when it has no gate row).
+func (s *Store) GatePeek(ctx context.Context, endpoint string) (int, error) {
+	var n int
+	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT failures FROM txhook_endpoint_gates WHERE endpoint_id = ?`), endpoint).Scan(&n)
+	if err == sql.ErrNoRows {
+		return 0, nil
+	}
+	return n, err
+}
