@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -177,4 +178,88 @@ func TestLimitsHoldAcrossRelaysOnSQLite(t *testing.T) {
 	if _, peak := recv.stats("/slow"); peak > maxInFlight {
 		t.Errorf("%d requests in flight at once to an endpoint limited to %d", peak, maxInFlight)
 	}
+}
+
+// TestCircuitOpenedByOneRelayStopsTheOthers: a relay process opens the
+// circuit of a receiver that is down (five faults in a row); relay
+// processes that start afterwards, and new events for the receiver, send
+// it nothing for the rest of the cooldown. With a breaker per relay, each
+// new relay found out by failing five times itself.
+func TestCircuitOpenedByOneRelayStopsTheOthers(t *testing.T) {
+	testdb.EachPostgres(t, func(t *testing.T, db *testdb.DB) {
+		const cooldown = 20 * time.Second
+		b := setup(t, db, outbox.Config{})
+		recv := newFleetReceiver(t)
+		recv.fail["/down"] = func() bool { return true }
+		if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "down", URL: recv.URL + "/down"}); err != nil {
+			t.Fatal(err)
+		}
+		env := []string{"TXHOOK_CHILD_COOLDOWN=" + cooldown.String(), "TXHOOK_CHILD_RETRY_BASE=" + cooldown.String(), "TXHOOK_CHILD_ATTEMPTS=20"}
+		first := startRelayProcess(t, db, "first", 30*time.Second, 10*time.Second, 4, env...)
+		b.enqueueMany("down", outbox.DefaultBreakerThreshold)
+		b.eventually("the first relay's faults", func() bool {
+			n, _ := recv.stats("/down")
+			return n >= outbox.DefaultBreakerThreshold
+		})
+		opened := time.Now() // at the latest: the fifth fault was being answered
+		// The first relay's circuit is open now: the other relays start,
+		// and new events come.
+		var others []*child
+		for _, id := range []string{"second", "third"} {
+			others = append(others, startRelayProcess(t, db, id, 30*time.Second, 10*time.Second, 4, env...))
+		}
+		b.enqueueMany("down", 4)
+		b.eventually("the new events dispatched", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries") == outbox.DefaultBreakerThreshold+4
+		})
+		end := opened.Add(cooldown - 2*time.Second)
+		if time.Until(end) < 5*time.Second {
+			t.Fatalf("the relays took %v to start; the test needs a cooldown longer than that", time.Since(opened))
+		}
+		for time.Now().Before(end) {
+			if n, _ := recv.stats("/down"); n > outbox.DefaultBreakerThreshold {
+				t.Fatalf("%d requests to a receiver whose circuit one relay opened %v ago, cooldown %v: the others did not stop",
+					n, time.Since(opened).Round(time.Millisecond), cooldown)
+			}
+			time.Sleep(20 * time.Millisecond) // a negative check: it must watch for the window
+		}
+		for _, c := range append(others, first) {
+			c.terminate(t)
+		}
+	})
+}
+
+// TestSharedCircuitToleratesRandomFailures: a receiver that fails one
+// request in three, at random, through two relays sharing its circuit:
+// the circuit opens now and then (five faults in a row across the
+// relays), its probes close it again, and every delivery arrives.
+func TestSharedCircuitToleratesRandomFailures(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		b := setup(t, db, outbox.Config{})
+		recv := newFleetReceiver(t)
+		var mu sync.Mutex
+		rng := rand.New(rand.NewPCG(1, 2))
+		recv.fail["/flaky"] = func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return rng.IntN(3) == 0
+		}
+		if _, err := b.ob.CreateEndpoint(b.ctx, outbox.NewEndpoint{Tenant: "flaky", URL: recv.URL + "/flaky",
+			Limits: outbox.Limits{MaxInFlight: 4}}); err != nil {
+			t.Fatal(err)
+		}
+		const events = 60
+		var relays []*outbox.Relay
+		for range 2 {
+			relays = append(relays, b.relay(outbox.RelayConfig{Retry: fastRetry(), BreakerCooldown: 50 * time.Millisecond,
+				BreakerMaxCooldown: 200 * time.Millisecond}))
+		}
+		b.enqueueMany("flaky", events)
+		b.eventually("every delivery succeeded", func() bool {
+			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == events
+		})
+		if _, peak := recv.stats("/flaky"); peak > 4 {
+			t.Errorf("%d requests in flight at once, cap 4", peak)
+		}
+	})
 }

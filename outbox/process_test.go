@@ -76,6 +76,9 @@ func runChildRelay() int {
 		rcfg.Retry = fastRetry()
 		rcfg.BreakerCooldown = 50 * time.Millisecond
 	}
+	if d, _ := time.ParseDuration(os.Getenv("TXHOOK_CHILD_COOLDOWN")); d > 0 {
+		rcfg.BreakerCooldown = d
+	}
 	if n, _ := strconv.Atoi(os.Getenv("TXHOOK_CHILD_ATTEMPTS")); n > 0 {
 		rcfg.Retry = fastRetryAttempts(n)
 	}
