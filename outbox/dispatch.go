@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/txhook/txhook/internal/gate"
@@ -34,13 +35,32 @@ func (r *Relay) dispatch(j *job) {
 	j.sj = sched.Job{Tenant: c.Tenant, Endpoint: c.EndpointID, Value: j,
 		Limits: sched.Limits{Rate: c.RateLimit, Burst: c.RateBurst, MaxInFlight: c.MaxInFlight}}
 	r.mu.Lock()
-	hold, at := r.sch.Add(r.clock.Now(), &j.sj)
+	now := r.clock.Now()
+	hold, at := r.sch.Add(now, &j.sj)
+	stuck := !hold && r.gate != nil && r.sch.Stuck(now, c.EndpointID)
 	if hold {
 		r.cond.Signal()
 	}
 	r.mu.Unlock()
 	if !hold {
+		if stuck {
+			r.block(c.EndpointID, now)
+		}
 		r.putBack(j, at)
+	}
+}
+
+// block marks endpoint blocked in its shared gate while this relay's
+// request to it is out: its deliveries wait for a request that hangs or
+// is slow (or the endpoint's first answer), and until it ends, claims
+// skip them rather than hand them back over and over, a write each that
+// every tenant pays for. The relay's next finished request to the
+// endpoint clears the mark; Timeout bounds it.
+func (r *Relay) block(endpoint string, now time.Time) {
+	ctx, cancel := context.WithTimeout(r.httpCtx, r.cfg.Timeout)
+	defer cancel()
+	if err := r.gate.Block(ctx, endpoint, now.Add(r.cfg.Timeout)); err != nil && r.gateErrors.due(endpoint, time.Now()) {
+		r.log.Warn("txhook: marking an endpoint blocked failed", "endpoint", endpoint, "error", err)
 	}
 }
 
@@ -103,6 +123,20 @@ func (r *Relay) putBack(j *job, at time.Time) {
 }
 
 func (r *Relay) giveBack(back []sched.Back) {
+	if len(back) > 0 && r.gate != nil {
+		var stuck []string
+		r.mu.Lock()
+		now := r.clock.Now()
+		for _, b := range back {
+			if ep := b.Job.Endpoint; b.Reason == "expired" && r.sch.Stuck(now, ep) && !slices.Contains(stuck, ep) {
+				stuck = append(stuck, ep)
+			}
+		}
+		r.mu.Unlock()
+		for _, ep := range stuck {
+			r.block(ep, now)
+		}
+	}
 	for _, b := range back {
 		if b.Reason == "shared" {
 			r.stats.deferred.Add(1)

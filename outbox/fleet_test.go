@@ -263,3 +263,50 @@ func TestSharedCircuitToleratesRandomFailures(t *testing.T) {
 		}
 	})
 }
+
+// TestBlockedEndpointsAreNotClaimedOverAndOver (issue 25 §5): a backlog
+// for an endpoint whose requests hang is claimed once, and what cannot
+// start is handed back once; claims then skip the endpoint until its
+// request ends. Before, each hand-back came due again within
+// milliseconds while the first request was out (the relay waits for an
+// endpoint's first answer before it paces it), and was claimed and handed
+// back again, round after round: a write each, paid by every tenant.
+func TestBlockedEndpointsAreNotClaimedOverAndOver(t *testing.T) {
+	testdb.Each(t, func(t *testing.T, db *testdb.DB) {
+		b := setup(t, db, outbox.Config{})
+		release := make(chan struct{})
+		started := make(chan struct{}, 100)
+		hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}))
+		t.Cleanup(hang.Close)
+		b.endpoint("hanging", hang.URL)
+		const backlog = 50
+		b.enqueueMany("hanging", backlog)
+		relay := b.relay(outbox.RelayConfig{Timeout: 20 * time.Second, Lease: time.Minute})
+		t.Cleanup(func() { close(release) }) // first: the relay's Stop waits for the request
+		select {
+		case <-started:
+		case <-time.After(waitFor):
+			t.Fatal("no request reached the hanging receiver")
+		}
+		// Three seconds while the request hangs: the relay's first
+		// hand-backs come due after 50 ms, 100 ms, 200 ms … (twice how
+		// long the request has been out), so a relay that claims them
+		// again does so several times within them.
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			if st := relay.Stats(); st.Released > backlog {
+				t.Fatalf("%d hand-backs of a backlog of %d while its endpoint's first request hangs: claimed over and over (stats %+v)",
+					st.Released, backlog, st)
+			}
+			time.Sleep(20 * time.Millisecond) // a negative check: it must watch for the window
+		}
+		t.Logf("stats after 3 s: %+v", relay.Stats())
+	})
+}

@@ -80,13 +80,14 @@ type Client struct {
 	mu      sync.Mutex
 	failing map[string]bool      // endpoints whose shared circuit counted faults when last seen
 	checked map[string]time.Time // when the circuit of an endpoint without limits was last read (real time)
+	blocked map[string]bool      // endpoints this relay marked blocked (Block), until a Finish clears them
 
 	waits, errors atomic.Uint64
 }
 
 // New returns a Client.
 func New(st *store.Store, cfg Config) *Client {
-	return &Client{st: st, cfg: cfg, failing: map[string]bool{}, checked: map[string]time.Time{}}
+	return &Client{st: st, cfg: cfg, failing: map[string]bool{}, checked: map[string]time.Time{}, blocked: map[string]bool{}}
 }
 
 // Waits counts the requests the gate told to wait; Errors the exchanges
@@ -143,6 +144,9 @@ func (c *Client) fresh(endpoint string) bool {
 // error the request must wait: the limits cannot be checked.
 func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, error) {
 	p := Pass{endpoint: r.Endpoint}
+	if Disabled.Load() {
+		return p, nil
+	}
 	if r.Rate <= 0 && r.MaxInFlight <= 0 && c.cfg.Threshold > 0 && !c.isFailing(r.Endpoint) {
 		if c.fresh(r.Endpoint) {
 			return p, nil
@@ -181,7 +185,14 @@ func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, e
 // circuit. It returns when the circuit is open until, zero when it is not
 // (or nothing needed telling).
 func (c *Client) Finish(ctx context.Context, now time.Time, p Pass, o Outcome) (time.Time, error) {
-	report := o == Fault || o == Answered && c.isFailing(p.endpoint)
+	c.mu.Lock()
+	unblock := c.blocked[p.endpoint]
+	delete(c.blocked, p.endpoint)
+	c.mu.Unlock()
+	if Disabled.Load() {
+		return time.Time{}, nil
+	}
+	report := o == Fault || o == Answered && c.isFailing(p.endpoint) || unblock
 	if !p.grant.Slot && !p.grant.Probe && !report {
 		return time.Time{}, nil
 	}
@@ -194,4 +205,42 @@ func (c *Client) Finish(ctx context.Context, now time.Time, p Pass, o Outcome) (
 	}
 	c.seen(p.endpoint, st.Failures)
 	return st.OpenUntil, nil
+}
+
+// Disabled turns every Client into a no-op, as relays were before the
+// gates: limits and circuits per relay, claims that skip nothing. Only
+// the fairness benchmark sets it, to measure both ways in one run.
+var Disabled atomic.Bool
+
+// Block marks the endpoint blocked in the database until `until`, unless
+// this relay marked it already and no request of it has ended since:
+// claims skip its deliveries meanwhile. A relay calls it when it gives
+// back deliveries of an endpoint that has a request of it in flight and
+// is not known to answer fast (hanging, slow, or new): they could start
+// only once that request ends, and each claim of them before would hand
+// them back again. The relay's next Finish for the endpoint clears the
+// mark; until bounds it if the relay dies first.
+func (c *Client) Block(ctx context.Context, endpoint string, until time.Time) error {
+	if Disabled.Load() {
+		return nil
+	}
+	c.mu.Lock()
+	if c.blocked[endpoint] {
+		c.mu.Unlock()
+		return nil
+	}
+	if len(c.blocked) > 100000 {
+		c.mu.Unlock()
+		return nil
+	}
+	c.blocked[endpoint] = true
+	c.mu.Unlock()
+	if err := c.st.GateBlock(ctx, endpoint, until); err != nil {
+		c.errors.Add(1)
+		c.mu.Lock()
+		delete(c.blocked, endpoint)
+		c.mu.Unlock()
+		return err
+	}
+	return nil
 }

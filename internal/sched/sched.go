@@ -635,6 +635,15 @@ func (s *Scheduler) unrun(e *endpoint, j *Job) {
 	}
 }
 
+// Stuck reports whether the endpoint has a request in flight or held,
+// and is not known to answer fast (new to this relay, slow, or with a
+// request out for longer than SlowAfter): what Add gives back of it then
+// can start only once one of those requests ends.
+func (s *Scheduler) Stuck(now time.Time, endpoint string) bool {
+	e := s.eps[endpoint]
+	return e != nil && e.inflight+len(e.waiting) > 0 && !s.fast(e, now)
+}
+
 // Defer takes back a job Next returned that did not start after all: the
 // fleet's shared gate of its endpoint said no until `until`. The job
 // waits again, first in its endpoint's line, and the endpoint starts

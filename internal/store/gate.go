@@ -263,3 +263,19 @@ func (s *Store) GatePeek(ctx context.Context, endpoint string) (int, error) {
 	}
 	return n, err
 }
+
+// GateBlock marks the endpoint blocked until `until` (keeping a later
+// mark): claims skip its deliveries meanwhile. A relay whose requests to
+// the endpoint hang sets it; GateFinish clears it.
+func (s *Store) GateBlock(ctx context.Context, endpoint string, until time.Time) error {
+	var q string
+	if s.Dialect == Postgres {
+		q = `INSERT INTO txhook_endpoint_gates (endpoint_id, blocked_until) VALUES (?, ?)
+ON CONFLICT (endpoint_id) DO UPDATE SET blocked_until = GREATEST(txhook_endpoint_gates.blocked_until, excluded.blocked_until)`
+	} else {
+		q = `INSERT INTO txhook_endpoint_gates (endpoint_id, blocked_until) VALUES (?, ?)
+ON CONFLICT (endpoint_id) DO UPDATE SET blocked_until = max(COALESCE(txhook_endpoint_gates.blocked_until, 0), excluded.blocked_until)`
+	}
+	_, err := s.DB.ExecContext(ctx, s.Rebind(q), endpoint, s.T(until))
+	return err
+}

@@ -96,6 +96,19 @@ func TestGateSharedAcrossRelays(t *testing.T) {
 		if g := ask("b", after.Add(40*time.Second)); !g.OK {
 			t.Fatalf("once the dead relay's lease ended: %+v", g)
 		}
+		// A mark keeps the later of two times, on both dialects.
+		for _, at := range []time.Time{after.Add(time.Hour), after.Add(time.Minute)} {
+			if err := st.GateBlock(ctx, "ep_block", at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var until store.Time
+		if err := st.DB.QueryRowContext(ctx, st.Rebind(`SELECT blocked_until FROM txhook_endpoint_gates WHERE endpoint_id = ?`), "ep_block").Scan(&until); err != nil {
+			t.Fatal(err)
+		}
+		if !until.Equal(after.Add(time.Hour)) {
+			t.Fatalf("blocked until %v, want %v", until.Time, after.Add(time.Hour))
+		}
 	})
 }
 

@@ -468,6 +468,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		},
 		"GateSlots":      func() error { _, err := s.GateSlots(ctx, ep.ID, now); return err },
 		"GatePeek":       func() error { _, err := s.GatePeek(ctx, ep.ID); return err },
+		"GateBlock":      func() error { return s.GateBlock(ctx, ep.ID, now) },
 		"DeleteEndpoint": func() error { return s.DeleteEndpoint(ctx, ep.ID) },
 	}
 	order := []string{"CheckSchema", "CheckPooler", "Migrate", "Partition", "Partitioning", "InsertEndpoint", "UpdateEndpoint", "GetEndpoint", "ListEndpoints", "ListEndpointsPage",
@@ -478,7 +479,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit",
 		"ForwardLease", "CurrentSnapshot", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
-		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "GateAcquire", "GateFinish", "GateSlots", "GatePeek", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
+		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "GateAcquire", "GateFinish", "GateSlots", "GatePeek", "GateBlock", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
 	}
