@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/txhook/txhook/internal/gate"
 	"github.com/txhook/txhook/outbox"
 )
 
@@ -24,6 +25,11 @@ import (
 //   - down: endpoints answering 500 at once, so their circuits open.
 //
 // Each starts with a backlog and keeps enqueuing during the run.
+//
+// The run beside them is made twice: first with the relays' shared gates
+// off (internal/gate.Disabled: limits and circuits per relay, claims that
+// skip nothing, as before issue 25), then on, to report how many claims
+// each hands back unused (issue 25 §5), measured in the same run.
 const (
 	fairHangEndpoints      = 12
 	fairHangBacklog        = 100
@@ -38,6 +44,17 @@ func partFairness(ctx context.Context, cfg config, rep *report, p *progress, rcv
 	alone, err := latencyRun(ctx, cfg, rcv, cfg.FairnessRate, p, nil)
 	if err != nil {
 		return fmt.Errorf("alone: %w", err)
+	}
+	gate.Disabled.Store(true)
+	var hOff *hostile
+	off, err := latencyRun(ctx, cfg, rcv, cfg.FairnessRate, p, func(ctx context.Context, s *pgSchema) (func(), error) {
+		var err error
+		hOff, err = startHostile(ctx, s)
+		return func() { hOff.stop() }, err
+	})
+	gate.Disabled.Store(false)
+	if err != nil {
+		return fmt.Errorf("beside hostile tenants, gates off: %w", err)
 	}
 	var h *hostile
 	beside, err := latencyRun(ctx, cfg, rcv, cfg.FairnessRate, p, func(ctx context.Context, s *pgSchema) (func(), error) {
@@ -58,14 +75,29 @@ func partFairness(ctx context.Context, cfg config, rep *report, p *progress, rcv
 		Target:   "p99 < 250 ms, none lost",
 		Verdict:  verdict(beside.p99 < 250*time.Millisecond && lost == 0 && beside.dups == 0),
 	})
+	handBacks := func(st outbox.RelayStats) string {
+		return fmt.Sprintf("%d of %d claims (%.1f%%)", st.Released, st.Claimed, 100*float64(st.Released)/float64(max(st.Claimed, 1)))
+	}
+	rep.add(row{
+		Part:     "claims handed back unused beside hostile tenants (issue 25 §5), shared gates on",
+		Value:    handBacks(beside.stats),
+		Baseline: handBacks(off.stats) + " (gates off)",
+		Ratio:    fmt.Sprintf("%.2f×", float64(beside.stats.Released)/float64(max(off.stats.Released, 1))),
+		Target:   "fewer than with gates off",
+		Verdict:  verdict(beside.stats.Released < off.stats.Released),
+	})
 	var b strings.Builder
 	for _, x := range []struct {
 		name string
 		r    latencyResult
-	}{{"alone", alone}, {"beside hostile tenants", beside}} {
+	}{{"alone", alone}, {"beside hostile, gates off", off}, {"beside hostile tenants", beside}} {
 		fmt.Fprintf(&b, "%-24s %d measured of %d committed; p50 %s p90 %s p99 %s p99.9 %s max %s; missing %d, duplicates %d; relay: %+v\n",
 			x.name, x.r.measured, x.r.sent, ms(x.r.p50), ms(x.r.p90), ms(x.r.p99), ms(x.r.p999), ms(x.r.maxLat),
 			x.r.missing, x.r.dups, x.r.stats)
+	}
+	if hOff != nil {
+		fmt.Fprintf(&b, "hostile tenants, gates off: %d events enqueued; %d requests reached the hanging receiver (at most %d at once), %d the failing one, %d the throttled one\n",
+			hOff.enqueued.Load(), hOff.hangStarted.Load(), hOff.hangPeak.Load(), hOff.downHits.Load(), hOff.throttledHits.Load())
 	}
 	if h != nil {
 		fmt.Fprintf(&b, "hostile tenants: %d events enqueued; %d requests reached the hanging receiver (at most %d at once), %d the failing one, %d the throttled one\n",
