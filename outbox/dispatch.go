@@ -25,6 +25,7 @@ func (c RelayConfig) schedConfig() sched.Config {
 		BreakerThreshold:    max(0, c.BreakerThreshold),
 		BreakerCooldown:     c.BreakerCooldown,
 		BreakerMaxCooldown:  c.BreakerMaxCooldown,
+		UnansweredFast:      gate.Disabled.Load(),
 	}
 }
 

@@ -208,8 +208,10 @@ func (c *Client) Finish(ctx context.Context, now time.Time, p Pass, o Outcome) (
 }
 
 // Disabled turns every Client into a no-op, as relays were before the
-// gates: limits and circuits per relay, claims that skip nothing. Only
-// the fairness benchmark sets it, to measure both ways in one run.
+// gates: limits and circuits per relay, claims that skip nothing (and
+// relays made meanwhile retry unanswered endpoints every 50 ms, see
+// sched.Config.UnansweredFast). Only the fairness benchmark sets it, to
+// measure both ways in one run.
 var Disabled atomic.Bool
 
 // Block marks the endpoint blocked in the database until `until`, unless

@@ -51,3 +51,29 @@ func TestDeferWaitsForTheSharedGate(t *testing.T) {
 		t.Fatalf("claim during the hold: held %v, due %v", hold, at)
 	}
 }
+
+// TestUnansweredEndpointWithNothingOutIsPaced (issue 25 §5): a job of an
+// endpoint not yet known, refused because slow and unknown endpoints hold
+// their whole share, goes back paced, not due again in 50 ms: nothing of
+// its endpoint is out, so nothing will be known sooner, and a claim every
+// 50 ms would only hand it back again.
+func TestUnansweredEndpointWithNothingOutIsPaced(t *testing.T) {
+	for _, fast := range []bool{false, true} {
+		h := newHarness(t, Config{Concurrency: 4, UnansweredFast: fast}) // slow share 2
+		for _, ep := range []string{"hang1", "hang2"} {
+			if _, hold, _ := h.add("hostile", ep, Limits{}); !hold {
+				t.Fatalf("%s not held", ep)
+			}
+			if h.s.Next(h.now) == nil {
+				t.Fatalf("%s not started", ep)
+			}
+		}
+		_, hold, at := h.add("calm", "new", Limits{})
+		if hold {
+			t.Fatal("held beyond the slow share")
+		}
+		if d := at.Sub(h.now); fast && d != 50*time.Millisecond || !fast && d < 500*time.Millisecond {
+			t.Fatalf("UnansweredFast %v: due again in %v", fast, d)
+		}
+	}
+}

@@ -67,6 +67,11 @@ type Config struct {
 	// Rand returns a number in [0, 1) to spread jobs given back to the same
 	// moment; default math/rand/v2.
 	Rand func() float64
+
+	// UnansweredFast gives back the jobs of an endpoint not yet known,
+	// with no request of it in flight, due again in 50 ms, as before issue
+	// 25 §5; only the fairness benchmark sets it, to measure both ways.
+	UnansweredFast bool
 }
 
 // Defaults.
@@ -384,9 +389,12 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 		// The fleet's gate holds the endpoint (see Hold): due when it opens.
 		return false, s.capAt(s.spread(e.gateUntil, max(50*time.Millisecond, e.gateUntil.Sub(now))), now, s.cfg.MaxPostpone)
 	}
-	if !e.proven && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
+	if !e.proven && (e.inflight > 0 || s.cfg.UnansweredFast) && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
 		// Its first answer is still out, and not late yet: by the time this
-		// is due again the endpoint is likely known.
+		// is due again the endpoint is likely known. (With none out, what
+		// holds the job is elsewhere, the slow endpoints' share full, say:
+		// due again in 50 ms it would only be claimed and handed back
+		// again, round after round; it is paced below instead.)
 		return false, now.Add(max(50*time.Millisecond, 2*e.oldest(now)))
 	}
 	// Give jobs back one slot of the endpoint's pace apart (its rate, or
