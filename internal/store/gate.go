@@ -80,8 +80,18 @@ func (s *Store) lockGate(ctx context.Context, q Querier, endpoint string) (gateR
 	query := `INSERT INTO txhook_endpoint_gates (endpoint_id, tokens) VALUES (?, ?)
 ON CONFLICT (endpoint_id) DO UPDATE SET endpoint_id = excluded.endpoint_id
 RETURNING tokens, refilled_at, failures, cooldown_us, open_until, probe_until`
-	err := q.QueryRowContext(ctx, s.Rebind(query), endpoint, 0.0).
-		Scan(&g.tokens, &g.refilled, &g.failures, &g.cooldown, &g.openUntil, &g.probeTill)
+	if s.Dialect == Postgres && !s.SyncRelayCommits {
+		// As the relay's other statements (see asyncCommit): the commit
+		// does not wait for its WAL. A crash can forget the last tokens
+		// and slots taken, which lets through at most what they counted.
+		query += `, set_config('synchronous_commit', 'off', true)`
+	}
+	var sync any
+	dest := []any{&g.tokens, &g.refilled, &g.failures, &g.cooldown, &g.openUntil, &g.probeTill}
+	if s.Dialect == Postgres && !s.SyncRelayCommits {
+		dest = append(dest, &sync)
+	}
+	err := q.QueryRowContext(ctx, s.Rebind(query), endpoint, 0.0).Scan(dest...)
 	return g, err
 }
 
