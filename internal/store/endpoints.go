@@ -96,7 +96,15 @@ WHERE id IN (SELECT event_id FROM txhook_deliveries WHERE endpoint_id = ? AND st
     SELECT id FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead')`), id); err != nil {
 			return err
 		}
-		_, err = q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead'`), id)
+		if _, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_deliveries WHERE endpoint_id = ? AND state <> 'dead'`), id); err != nil {
+			return err
+		}
+		// Its shared gate (migration 012). A relay finishing a request
+		// to it now may write the row again: a few bytes, unread.
+		if _, err := q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_gate_slots WHERE endpoint_id = ?`), id); err != nil {
+			return err
+		}
+		_, err = q.ExecContext(ctx, s.Rebind(`DELETE FROM txhook_endpoint_gates WHERE endpoint_id = ?`), id)
 		return err
 	})
 }
