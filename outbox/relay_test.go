@@ -44,7 +44,7 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 		policy := retry.Default()
 		policy.Rand = lockedRand(7)
 		var deadNotices atomic.Int32
-		b.relay(outbox.RelayConfig{Retry: policy, OnDeadLetter: func(n outbox.DeadLetterNotice) {
+		relay := b.relay(outbox.RelayConfig{Retry: policy, OnDeadLetter: func(n outbox.DeadLetterNotice) {
 			if n.EndpointID == ep.ID && n.Attempts == 9 && n.LastStatus == 500 {
 				deadNotices.Add(1)
 			}
@@ -132,11 +132,23 @@ func TestFailingEndpointFollowsScheduleThenDeadLetterThenReplay(t *testing.T) {
 		if _, err := q.Replay(b.ctx, e.DeliveryID); err != nil {
 			t.Fatal(err)
 		}
-		// The relay's circuit for the endpoint opened after its failures:
-		// the replay waits, spending no attempt, until the cooldown is over.
-		b.eventually("replay put back behind the open circuit", func() bool {
-			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending' AND attempts = 0 AND next_attempt_at > ?", b.ts(fake.Now())) == 1
-		})
+		// The endpoint's circuit opened after its failures: the replay
+		// waits, spending no attempt, until the cooldown is over. The
+		// circuit is shared by the relays (its gate row, migration 012),
+		// whose claims skip the endpoint's deliveries while it is open:
+		// the replay stays due where it is, unclaimed, or if a claim took
+		// it first, goes back behind the cooldown.
+		if n := b.count("SELECT count(*) FROM txhook_endpoint_gates WHERE endpoint_id = ? AND open_until > ?", ep.ID, b.ts(fake.Now())); n != 1 {
+			t.Fatal("the endpoint's shared circuit is not open after its failures")
+		}
+		polls := relay.Stats().Polls
+		b.eventually("the relay looks for due deliveries twice after the replay", func() bool { return relay.Stats().Polls >= polls+2 })
+		if n := b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'pending' AND attempts = 0"); n != 1 {
+			t.Fatalf("%d replayed deliveries waiting unspent, want 1", n)
+		}
+		if n := len(rc.requests()); n != 9 {
+			t.Fatalf("%d requests; the replay was sent through the open circuit", n)
+		}
 		fake.Advance(outbox.DefaultBreakerMaxCooldown)
 		b.eventually("replayed delivery succeeded", func() bool {
 			return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 1

@@ -219,7 +219,14 @@ func (s *Store) GateFinish(ctx context.Context, f GateFinish) (GateState, error)
 		switch {
 		case f.Fault:
 			failures++
-			if f.Threshold > 0 && !openUntil.After(now) && (f.Probe || failures >= f.Threshold) {
+			// A closed circuit opens at Threshold faults in a row; a
+			// half-open one (opened before: cooldown set) only when its
+			// probe fails. Other requests' faults then only count: were
+			// each to reopen it, relays that send without asking (no
+			// limits, no fault seen yet) would double the cooldown again
+			// and again at a flaky receiver's random faults, and stall
+			// it for minutes.
+			if f.Threshold > 0 && !openUntil.After(now) && (f.Probe || cooldown == 0 && failures >= f.Threshold) {
 				if cooldown == 0 {
 					cooldown = f.Cooldown.Microseconds()
 				} else {
