@@ -275,6 +275,9 @@ func TestSharedCircuitToleratesRandomFailures(t *testing.T) {
 				if rows != nil {
 					rows.Close()
 				}
+				for i, r := range relays {
+					t.Logf("relay %d: %+v", i, r.Stats())
+				}
 				total, _ := recv.stats("/flaky")
 				t.Fatalf("%d of %d deliveries succeeded; %d requests; gate: %d faults, open until %v, blocked until %v (now %v); relays %+v, %+v, %+v",
 					b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'"), events, total, failures, openUntil.Time, blocked.Time, time.Now().UTC(),

@@ -142,7 +142,9 @@ func (s *Store) GateAcquire(ctx context.Context, a GateAsk) (GateGrant, error) {
 		case a.Threshold > 0 && g.failures >= a.Threshold && g.cooldown > 0:
 			// Half-open: one probe at a time, whichever relay asks first.
 			if g.probeTill.After(now) {
-				out.Reason, out.RetryAt = "circuit", g.probeTill.Time
+				// The probe may answer any moment: ask again soon, not
+				// when its lease ends.
+				out.Reason, out.RetryAt = "circuit", minTime(g.probeTill.Time, now.Add(100*time.Millisecond))
 			} else {
 				probe = true
 			}
@@ -295,4 +297,11 @@ ON CONFLICT (endpoint_id) DO UPDATE SET blocked_until = max(COALESCE(txhook_endp
 	}
 	_, err := s.DB.ExecContext(ctx, s.Rebind(q), endpoint, s.T(until))
 	return err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
