@@ -28,7 +28,9 @@
 //     fixed rates, default relay settings.
 //   - fairness: the same for one tenant at a fixed rate beside hostile
 //     tenants (hanging receivers, endpoints limited to 0.01/s, open
-//     circuits), against that tenant alone.
+//     circuits), against that tenant alone; beside them twice, with the
+//     relays' shared gates off and on, counting the claims each hands
+//     back unused (issue 25 §5).
 //   - backlog: one claim batch (the dispatch statement and the retry claim
 //     statement) with a small and a large backlog, and the peak RSS of a
 //     separate relay process draining the large one.
