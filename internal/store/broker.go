@@ -201,7 +201,12 @@ const pgBrokerComplete = `WITH c AS (
            c.ok_started_at, c.ok_duration_us, c.ok_excerpt, c.created_at, $2
     FROM c
     WHERE c.id = 0
-      AND NOT EXISTS (SELECT 1 FROM txhook_deliveries x WHERE x.event_id = c.event_id AND x.endpoint_id = c.endpoint_id)
+      -- Fenced (OFFSET 0) to the index on event_id: planned generic, or
+      -- on a table whose statistics are new, the endpoint's condition was
+      -- also pushed into the scan, which then combined the event's index
+      -- with the endpoint's (all of its deliveries) for every row.
+      AND NOT EXISTS (SELECT 1 FROM (SELECT x.endpoint_id FROM txhook_deliveries x WHERE x.event_id = c.event_id OFFSET 0) x
+                      WHERE x.endpoint_id = c.endpoint_id)
     RETURNING id, event_id, endpoint_id, state, attempts, last_status, last_error
 ), done AS (
     SELECT i, id, event_id, endpoint_id, state, attempts, last_status, last_error FROM upd
