@@ -481,7 +481,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	// Methods that run no statement of their own.
 	noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
 		"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
-		"BrokerCompleteQueries": true, "ForwardQueries": true,
+		"BrokerCompleteQueries": true, "BrokerRowsQueries": true, "ForwardQueries": true,
 		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true, "RecoverStatements": true}
 	var missing []string
 	typ := reflect.TypeFor[*store.Store]()
