@@ -106,3 +106,61 @@ SELECT 'ev_' || g, 'ep_a', 'succeeded', 1, now(), now(), now() FROM generate_ser
 		}
 	})
 }
+
+// TestForwardFirstReadsOnlyNewEvents: a forwarder's round reads the
+// events past its cursor through one range of the index on forward_xid,
+// not every forwarded event (the first form of ForwardFirst, an OR of the
+// cursor's two ranges, scanned the whole index under a generic plan).
+func TestForwardFirstReadsOnlyNewEvents(t *testing.T) {
+	testdb.EachPostgres(t, func(t *testing.T, db *testdb.DB) {
+		ctx := context.Background()
+		st := openStore(t, db)
+		conn, err := db.DB.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		const n = 3000
+		// Forwarded long ago: written by one transaction the cursor is past.
+		if _, err := conn.ExecContext(ctx, st.Rebind(`INSERT INTO txhook_events (id, tenant, type, payload, created_at, forward_xid)
+SELECT 'ev_' || g, 'm', 't', '{}', now(), pg_current_xact_id() FROM generate_series(1, ?::int) g`), n); err != nil {
+			t.Fatal(err)
+		}
+		cursor, err := st.CurrentSnapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, `PREPARE ff AS `+st.Rebind(st.ForwardQueries()[0])); err != nil {
+			t.Fatal(err)
+		}
+		var raw string
+		if err := conn.QueryRowContext(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ff('`+cursor.String()+`', 500)`).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var plans []struct{ Plan map[string]any }
+		if err := json.Unmarshal([]byte(raw), &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("EXPLAIN output %q: %v", raw, err)
+		}
+		total := 0
+		var walk func(n map[string]any)
+		walk = func(n map[string]any) {
+			if n["Relation Name"] == "txhook_events" {
+				f := func(k string) int { v, _ := n[k].(float64); return int(v) }
+				total += (f("Actual Rows") + f("Rows Removed by Filter") + f("Rows Removed by Index Recheck")) * max(f("Actual Loops"), 1)
+			}
+			kids, _ := n["Plans"].([]any)
+			for _, k := range kids {
+				if m, ok := k.(map[string]any); ok {
+					walk(m)
+				}
+			}
+		}
+		walk(plans[0].Plan)
+		if total > 10 {
+			t.Errorf("a round past %d forwarded events read %d of them:\n%s", n, total, raw)
+		}
+	})
+}

@@ -389,6 +389,10 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"CurrentSnapshot": func() error { _, err := s.CurrentSnapshot(ctx); return err },
+		"ForwardFirst": func() error {
+			_, _, err := s.ForwardFirst(ctx, store.Snapshot{Xmin: 1, Xmax: 2, Xip: []uint64{1}}, 10)
+			return err
+		},
 		"ForwardPage": func() error {
 			to, err := s.CurrentSnapshot(ctx)
 			if err != nil {
@@ -467,7 +471,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"RecordAttemptTimes", "CarryRefusal", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit",
-		"ForwardLease", "CurrentSnapshot", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
+		"ForwardLease", "CurrentSnapshot", "ForwardFirst", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
 		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -416,35 +417,60 @@ func (f *Forwarder) cursorRound(ctx context.Context) (n int, full bool, err erro
 		f.mu.Unlock()
 		f.log.Info("txhook: forwarder took the stream's cursor", "stream", f.cfg.Stream, "position", pos.String())
 	}
-	to, err := st.CurrentSnapshot(ctx)
+	// The first page comes with the round's target snapshot, in one
+	// statement; a full one is paged on from its last event, in the
+	// running range if that is where it ended, then in the new range.
+	to, evs, err := st.ForwardFirst(ctx, f.cursor, f.cfg.BatchSize)
 	if err != nil {
 		return n, false, err
 	}
-	for _, running := range []bool{true, false} {
-		xid, id := "0", ""
-		for {
-			evs, err := st.ForwardPage(ctx, f.cursor, to, running, xid, id, f.cfg.BatchSize)
-			if err != nil {
-				return n, false, err
+	handle := func(evs []store.ForwardEvent) error {
+		n += len(evs)
+		if len(evs) == 0 {
+			return nil
+		}
+		unrouted, err := f.forward(ctx, evs)
+		if err != nil {
+			return err
+		}
+		if !f.separate && len(unrouted) > 0 {
+			return st.MarkUnrouted(ctx, keysOf(unrouted))
+		}
+		return nil
+	}
+	if err := handle(evs); err != nil {
+		return n, false, err
+	}
+	if len(evs) == f.cfg.BatchSize {
+		full = true
+		last := evs[len(evs)-1]
+		lastXID, err := strconv.ParseUint(last.XID, 10, 64)
+		if err != nil {
+			return n, false, fmt.Errorf("txhook/broker: event %s: transaction ID %q: %w", last.ID, last.XID, err)
+		}
+		inRunning := lastXID < f.cursor.Xmax
+		for _, running := range []bool{true, false} {
+			xid, id := "0", ""
+			switch {
+			case running && !inRunning:
+				continue // the first page went past the running range
+			case running == inRunning:
+				xid, id = last.XID, last.ID
 			}
-			n += len(evs)
-			if len(evs) > 0 {
-				unrouted, err := f.forward(ctx, evs)
+			for {
+				evs, err := st.ForwardPage(ctx, f.cursor, to, running, xid, id, f.cfg.BatchSize)
 				if err != nil {
 					return n, false, err
 				}
-				if !f.separate && len(unrouted) > 0 {
-					if err := st.MarkUnrouted(ctx, keysOf(unrouted)); err != nil {
-						return n, false, err
-					}
+				if err := handle(evs); err != nil {
+					return n, false, err
 				}
+				if len(evs) < f.cfg.BatchSize {
+					break
+				}
+				last := evs[len(evs)-1]
+				xid, id = last.XID, last.ID
 			}
-			if len(evs) < f.cfg.BatchSize {
-				break
-			}
-			full = true
-			last := evs[len(evs)-1]
-			xid, id = last.XID, last.ID
 		}
 	}
 	f.cursor = to
