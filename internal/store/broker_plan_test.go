@@ -108,9 +108,12 @@ SELECT 'ev_' || g, 'ep_a', 'succeeded', 1, now(), now(), now() FROM generate_ser
 }
 
 // TestForwardFirstReadsOnlyNewEvents: a forwarder's round reads the
-// events past its cursor through one range of the index on forward_xid,
-// not every forwarded event (the first form of ForwardFirst, an OR of the
-// cursor's two ranges, scanned the whole index under a generic plan).
+// events past its cursor through the index on forward_xid, not the events
+// it forwarded before, even with a transaction running since before them
+// (the first form of ForwardFirst, an OR of the cursor's two ranges,
+// scanned the whole index under a generic plan; the second, one range from
+// the cursor's xmin, read every event since the oldest running
+// transaction).
 func TestForwardFirstReadsOnlyNewEvents(t *testing.T) {
 	testdb.EachPostgres(t, func(t *testing.T, db *testdb.DB) {
 		ctx := context.Background()
@@ -121,7 +124,17 @@ func TestForwardFirstReadsOnlyNewEvents(t *testing.T) {
 		}
 		defer conn.Close()
 		const n = 3000
-		// Forwarded long ago: written by one transaction the cursor is past.
+		// A transaction that runs across it all (a long report, a stuck
+		// session) holds the cursor's xmin back.
+		long, err := db.DB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer long.Rollback()
+		if _, err := long.ExecContext(ctx, `SELECT pg_current_xact_id()`); err != nil {
+			t.Fatal(err)
+		}
+		// Forwarded already: written by one transaction the cursor is past.
 		if _, err := conn.ExecContext(ctx, st.Rebind(`INSERT INTO txhook_events (id, tenant, type, payload, created_at, forward_xid)
 SELECT 'ev_' || g, 'm', 't', '{}', now(), pg_current_xact_id() FROM generate_series(1, ?::int) g`), n); err != nil {
 			t.Fatal(err)

@@ -154,20 +154,30 @@ LIMIT $5`
 // the cursor $1 to it, in (forward_xid, id) order (the running range's
 // transactions all precede the cursor's xmax, where the new range
 // starts). With no event due it returns one row of the snapshot alone.
-// Both ranges lie between the cursor's xmin and the target's xmax, which
-// bound one scan of the index on forward_xid; written as an OR of the two
-// ranges, the plan scanned the whole index (78 ms beside 200,000 events).
+// Each range is read as ForwardPage reads it, through the index on
+// forward_xid: written as one OR, the plan scanned the whole index (78 ms
+// beside 200,000 events), and bounded below by the cursor's xmin instead,
+// it read every event written since the oldest running transaction.
 const pgForwardFirst = `SELECT s.snap::text, e.id, e.tenant, e.type, e.version, e.payload, e.created_at, e.deliver_at,
     e.trace_parent, e.trace_state, e.forward_xid::text
 FROM (SELECT pg_current_snapshot() AS snap) s
 LEFT JOIN LATERAL (
-    SELECT ` + forwardCols + `, e.forward_xid
-    FROM txhook_events e
-    WHERE e.forward_xid >= pg_snapshot_xmin($1::pg_snapshot) AND e.forward_xid < pg_snapshot_xmax(s.snap)
-      AND (e.forward_xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
-           OR e.forward_xid >= pg_snapshot_xmax($1::pg_snapshot))
-      AND pg_visible_in_snapshot(e.forward_xid, s.snap)
-    ORDER BY e.forward_xid, e.id
+    SELECT * FROM (
+        (SELECT ` + forwardCols + `, e.forward_xid
+         FROM txhook_events e
+         WHERE e.forward_xid = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
+           AND pg_visible_in_snapshot(e.forward_xid, s.snap)
+         ORDER BY e.forward_xid, e.id
+         LIMIT $2)
+        UNION ALL
+        (SELECT ` + forwardCols + `, e.forward_xid
+         FROM txhook_events e
+         WHERE e.forward_xid >= pg_snapshot_xmax($1::pg_snapshot) AND e.forward_xid < pg_snapshot_xmax(s.snap)
+           AND pg_visible_in_snapshot(e.forward_xid, s.snap)
+         ORDER BY e.forward_xid, e.id
+         LIMIT $2)
+    ) u
+    ORDER BY u.forward_xid, u.id
     LIMIT $2
 ) e ON true
 ORDER BY e.forward_xid, e.id`
