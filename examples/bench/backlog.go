@@ -585,8 +585,11 @@ func heapInUseKB() int64 {
 // closes, printing "succeeded <n>" lines, then its peak memory. With
 // envChild=relays it is a relay process of the relays part instead.
 func relayChild() int {
-	if os.Getenv(envChild) == "relays" {
+	switch os.Getenv(envChild) {
+	case "relays":
 		return relaysChild()
+	case "broker":
+		return brokerChild()
 	}
 	ctx := context.Background()
 	r, closeDB, err := childRelay(ctx, "")
@@ -620,6 +623,10 @@ func childRelay(ctx context.Context, id string) (r *outbox.Relay, closeDB func()
 	if err != nil {
 		return nil, nil, err
 	}
+	// A few idle connections, as a service's pool keeps: with
+	// database/sql's default of 2 a busy relay opens and closes
+	// connections all the time.
+	db.SetMaxIdleConns(8)
 	cfg := localOutbox()
 	cfg.Logger = quiet()
 	cfg.Listener = pgxoutbox.Listener()

@@ -82,9 +82,26 @@ func partLatency(ctx context.Context, cfg config, rep *report, p *progress, rcv 
 // to add other tenants' load; the function it returns stops that load.
 func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *progress,
 	neighbours func(ctx context.Context, s *pgSchema) (stop func(), err error)) (latencyResult, error) {
+	return latencyRunMode(ctx, cfg, rcv, perSec, p, neighbours, nil)
+}
+
+// latencyMode replaces the table-mode relay of a latency run (the broker
+// part's broker arm): broker says the Outbox is in broker mode, and start
+// makes the tenant's endpoint and starts what delivers the events
+// enqueued into s, returning what stops it.
+type latencyMode struct {
+	broker bool
+	start  func(ctx context.Context, s *pgSchema, tenant, url string) (stop func(), err error)
+}
+
+// latencyRunMode is latencyRun with the events delivered as mode says
+// (nil: a table-mode relay in this process).
+func latencyRunMode(ctx context.Context, cfg config, rcv *receiver, perSec int, p *progress,
+	neighbours func(ctx context.Context, s *pgSchema) (stop func(), err error), mode *latencyMode) (latencyResult, error) {
 	res := latencyResult{rate: perSec}
 	obCfg := localOutbox()
 	obCfg.NotifyInterval = cfg.NotifyInterval
+	obCfg.Broker = mode != nil && mode.broker
 	workers := cfg.latencyWorkers()
 	s, err := newSchema(ctx, cfg.DSN, "pgx", cfg.latencyPool(), obCfg)
 	if err != nil {
@@ -114,28 +131,36 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 		defer relayOb.Close()
 	}
 	const tenant = "merchant_latency"
-	if _, err := s.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: rcv.URL}); err != nil {
-		return res, err
-	}
-	if neighbours != nil {
-		stop, err := neighbours(ctx, s)
+	var relay *outbox.Relay
+	if mode != nil {
+		stop, err := mode.start(ctx, s, tenant, rcv.URL)
 		if err != nil {
 			return res, err
 		}
 		defer stop()
+	} else {
+		if _, err := s.ob.CreateEndpoint(ctx, outbox.NewEndpoint{Tenant: tenant, URL: rcv.URL}); err != nil {
+			return res, err
+		}
+		if neighbours != nil {
+			stop, err := neighbours(ctx, s)
+			if err != nil {
+				return res, err
+			}
+			defer stop()
+		}
+		if relay, err = relayOb.NewRelay(outbox.RelayConfig{}); err != nil {
+			return res, err
+		}
+		if err := relay.Start(ctx); err != nil {
+			return res, err
+		}
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			relay.Stop(stopCtx)
+		}()
 	}
-	relay, err := relayOb.NewRelay(outbox.RelayConfig{})
-	if err != nil {
-		return res, err
-	}
-	if err := relay.Start(ctx); err != nil {
-		return res, err
-	}
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		relay.Stop(stopCtx)
-	}()
 
 	total := int((cfg.LatencyWarmup + cfg.LatencyDur).Seconds() * float64(perSec))
 	warmN := int(cfg.LatencyWarmup.Seconds() * float64(perSec))
@@ -256,7 +281,9 @@ func latencyRun(ctx context.Context, cfg config, rcv *receiver, perSec int, p *p
 	res.p99 = time.Duration(quantile(lat, 0.99))
 	res.p999 = time.Duration(quantile(lat, 0.999))
 	res.maxLat = time.Duration(quantile(lat, 1))
-	res.stats = relay.Stats()
+	if relay != nil {
+		res.stats = relay.Stats()
+	}
 	p.logf("latency %d/s: p50 %s p99 %s max %s (%d measured, %d missing; generator lag %s; CPU µs/event %.0f + %.0f)",
 		perSec, ms(res.p50), ms(res.p99), ms(res.maxLat), res.measured, res.missing, ms(res.maxLag), res.clientUS, res.serverUS)
 	return res, nil

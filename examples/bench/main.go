@@ -56,6 +56,13 @@
 //     DSN), draining a backlog and at a steady enqueue rate: deliveries/s,
 //     polls that found nothing, lock waits, CPU, WAL and rows written per
 //     delivery, table size per event.
+//   - broker: broker mode (outbox/broker) beside table mode, on a payment
+//     and a history PostgreSQL cluster of its own and one nats-server
+//     (internal/natscluster): the payment database's CPU and WAL per
+//     event at a steady rate against Enqueue alone, drains by 1, 2 and 4
+//     worker processes (this program in broker-worker mode) against as
+//     many relay processes, and commit→receipt latency against a
+//     table-mode relay, alternating rounds.
 //
 // With -cluster=false, PostgreSQL parts are skipped when
 // TXHOOK_BENCH_POSTGRES_DSN is unset.
@@ -94,7 +101,7 @@ import (
 const EnvDSN = "TXHOOK_BENCH_POSTGRES_DSN"
 
 // allParts lists the parts in the order they run.
-var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "recover", "partition", "sqlite", "secrets", "signer", "relays"}
+var allParts = []string{"enqueue", "drain", "latency", "fairness", "backlog", "recover", "partition", "sqlite", "secrets", "signer", "relays", "broker"}
 
 // config holds every knob of a run; defaults are the published settings.
 type config struct {
@@ -154,6 +161,14 @@ type config struct {
 	RelaysSteady time.Duration // steady runs: how long events are enqueued
 	RelaysRounds int
 
+	BrokerCounts        []int         // worker (and relay) processes of the drains
+	BrokerEvents        int           // backlog each drain delivers
+	BrokerRate          int           // steady runs: events per second
+	BrokerSteady        time.Duration // steady runs: how long events are enqueued
+	BrokerRounds        int           // rounds of the steady runs and drains (alternating order)
+	BrokerLatencyRate   int           // latency runs: events per second
+	BrokerLatencyRounds int           // latency runs: rounds per mode (alternating)
+
 	Revision string // the txhook revision measured, for the report
 
 	NotifyInterval time.Duration // Config.NotifyInterval for enqueue and latency; 0 is the default
@@ -203,6 +218,14 @@ func defaultConfig() config {
 		RelaysRate:       1000,
 		RelaysSteady:     10 * time.Second,
 		RelaysRounds:     2,
+
+		BrokerCounts:        []int{1, 2, 4},
+		BrokerEvents:        20000,
+		BrokerRate:          1000,
+		BrokerSteady:        10 * time.Second,
+		BrokerRounds:        2,
+		BrokerLatencyRate:   500,
+		BrokerLatencyRounds: 3,
 	}
 }
 
@@ -261,6 +284,13 @@ func main() {
 	flag.IntVar(&cfg.RelaysRate, "relays-rate", cfg.RelaysRate, "relays: events per second of the steady runs")
 	flag.DurationVar(&cfg.RelaysSteady, "relays-steady", cfg.RelaysSteady, "relays: how long the steady runs enqueue")
 	flag.IntVar(&cfg.RelaysRounds, "relays-rounds", cfg.RelaysRounds, "relays: rounds (the order of the relay counts alternates)")
+	brokerCounts := flag.String("broker-counts", joinInts(cfg.BrokerCounts), "broker: worker processes (and table-mode relay processes) of the drains, comma-separated")
+	flag.IntVar(&cfg.BrokerEvents, "broker-events", cfg.BrokerEvents, "broker: backlog each drain delivers")
+	flag.IntVar(&cfg.BrokerRate, "broker-rate", cfg.BrokerRate, "broker: events per second of the steady runs")
+	flag.DurationVar(&cfg.BrokerSteady, "broker-steady", cfg.BrokerSteady, "broker: how long the steady runs enqueue")
+	flag.IntVar(&cfg.BrokerRounds, "broker-rounds", cfg.BrokerRounds, "broker: rounds of the steady runs and drains (the order of the arms alternates)")
+	flag.IntVar(&cfg.BrokerLatencyRate, "broker-latency-rate", cfg.BrokerLatencyRate, "broker: events per second of the latency runs (warm-up and duration as for latency)")
+	flag.IntVar(&cfg.BrokerLatencyRounds, "broker-latency-rounds", cfg.BrokerLatencyRounds, "broker: latency rounds per mode (alternating)")
 	flag.DurationVar(&cfg.NotifyInterval, "notify-interval", 0, "Config.NotifyInterval for the enqueue and latency parts (0: the default; negative: no NOTIFY)")
 	flag.StringVar(&cfg.Revision, "revision", "", "txhook revision to name in the report (default: asked of git)")
 	cluster := flag.Bool("cluster", true, "run the PostgreSQL parts on a throwaway cluster the bench starts (internal/pgcluster, production settings, autovacuum on) instead of the server "+EnvDSN+" names")
@@ -280,6 +310,9 @@ func main() {
 	}
 	if cfg.RelaysCounts, err = parseInts(*relaysCounts); err != nil || len(cfg.RelaysCounts) == 0 {
 		fail(fmt.Errorf("-relays-counts: %v", err))
+	}
+	if cfg.BrokerCounts, err = parseInts(*brokerCounts); err != nil || len(cfg.BrokerCounts) == 0 {
+		fail(fmt.Errorf("-broker-counts: %v", err))
 	}
 	outSet := false
 	flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
@@ -413,6 +446,8 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*report, error) {
 		{"signer", false, func() error { return partSigner(cfg, rep, p) }},
 		// Its own cluster: no DSN needed.
 		{"relays", false, func() error { return partRelays(ctx, cfg, rep, p, rcv) }},
+		// Its own clusters and nats-server.
+		{"broker", false, func() error { return partBroker(ctx, cfg, rep, p, rcv) }},
 	}
 	for _, s := range steps {
 		if !cfg.has(s.part) || (s.pg && !pg) {

@@ -59,6 +59,14 @@ func tinyConfig() config {
 		RelaysRate:       200,
 		RelaysSteady:     time.Second,
 		RelaysRounds:     1,
+
+		BrokerCounts:        []int{1, 2},
+		BrokerEvents:        300,
+		BrokerRate:          200,
+		BrokerSteady:        time.Second,
+		BrokerRounds:        1,
+		BrokerLatencyRate:   200,
+		BrokerLatencyRounds: 1,
 	}
 }
 
@@ -78,22 +86,29 @@ func TestPartsSmoke(t *testing.T) {
 		"secrets":   {"secrets encrypted at rest", "AES-256-GCM decryption"},
 		"signer":    {},
 		"relays":    {"relays: 1 relay process(es)", "relays: 2 relay process(es)", "relays: 2 relay(s) at a steady"},
+		"broker": {"Enqueue alone (table-mode Outbox", "broker mode, forwarding included", "history DB CPU",
+			"drain of 300 events, 1 worker process", "drain of 300 events, 2 worker process", "commit→receipt latency at 200 events/s"},
 	}
 	for _, part := range allParts {
 		t.Run(part, func(t *testing.T) {
 			cfg := tinyConfig()
-			if part == "relays" {
+			if part == "relays" || part == "broker" {
 				if _, err := pgcluster.Available(); err != nil {
 					if os.Getenv(pgcluster.EnvRequire) == "1" {
-						t.Fatalf("relays part: %v (%s=1)", err, pgcluster.EnvRequire)
+						t.Fatalf("%s part: %v (%s=1)", part, err, pgcluster.EnvRequire)
 					}
-					t.Skipf("relays part skipped: it starts its own cluster: %v", err)
+					t.Skipf("%s part skipped: it starts its own cluster: %v", part, err)
 				}
 			} else if cfg.DSN == "" && part != "sqlite" && part != "signer" && part != "secrets" {
 				t.Skip("PostgreSQL part skipped: set TXHOOK_TEST_POSTGRES_DSN to run it")
 			}
 			cfg.Parts = []string{part}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			timeout := time.Minute
+			if part == "broker" {
+				// Two PostgreSQL clusters and a nats-server to start.
+				timeout = 3 * time.Minute
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			rep, err := run(ctx, cfg, t.Output())
 			if err != nil {

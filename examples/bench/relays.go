@@ -649,7 +649,9 @@ type relayProc struct {
 	lines chan struct{} // closed when its stdout ends
 }
 
-type procStats struct{ succeeded, claimed, polls, empty, released, lost uint64 }
+// procStats are a child's counts; forwarded (broker children) is the
+// events its forwarder has forwarded.
+type procStats struct{ succeeded, claimed, polls, empty, released, lost, forwarded uint64 }
 
 func (pr *relayProc) stats() procStats {
 	if s := pr.last.Load(); s != nil {
@@ -664,6 +666,15 @@ const envChildID = "TXHOOK_BENCH_CHILD_ID"
 // startRelayProcs starts n relay processes on dsn and waits until each is
 // ready to start its relay (on "go").
 func startRelayProcs(ctx context.Context, dsn string, n int) ([]*relayProc, error) {
+	return startChildProcs(ctx, n, func(i int) []string {
+		return []string{envChild + "=relays", envChildDSN + "=" + dsn, envChildID + "=bench-relay-" + strconv.Itoa(i)}
+	})
+}
+
+// startChildProcs starts n child processes of this program with the
+// environment env(i) adds and waits until each is ready (on "go" it
+// starts; "stats" lines report its counts).
+func startChildProcs(ctx context.Context, n int, env func(i int) []string) ([]*relayProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -677,7 +688,7 @@ func startRelayProcs(ctx context.Context, dsn string, n int) ([]*relayProc, erro
 	}
 	for i := range n {
 		cmd := exec.Command(exe)
-		cmd.Env = append(os.Environ(), envChild+"=relays", envChildDSN+"="+dsn, envChildID+"=bench-relay-"+strconv.Itoa(i))
+		cmd.Env = append(os.Environ(), env(i)...)
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -701,21 +712,21 @@ func startRelayProcs(ctx context.Context, dsn string, n int) ([]*relayProc, erro
 				switch {
 				case len(f) == 1 && f[0] == "ready":
 					close(ready)
-				case len(f) == 7 && f[0] == "stats":
-					var v [6]uint64
-					for k := range v {
+				case (len(f) == 7 || len(f) == 8) && f[0] == "stats":
+					var v [7]uint64
+					for k := range f[1:] {
 						v[k], _ = strconv.ParseUint(f[k+1], 10, 64)
 					}
-					pr.last.Store(&procStats{v[0], v[1], v[2], v[3], v[4], v[5]})
+					pr.last.Store(&procStats{v[0], v[1], v[2], v[3], v[4], v[5], v[6]})
 				}
 			}
 		}()
 		select {
 		case <-ready:
 		case <-pr.lines:
-			return fail(fmt.Errorf("relay process %d exited before it was ready", i))
+			return fail(fmt.Errorf("child process %d exited before it was ready", i))
 		case <-time.After(time.Minute):
-			return fail(fmt.Errorf("relay process %d not ready after a minute", i))
+			return fail(fmt.Errorf("child process %d not ready after a minute", i))
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		}

@@ -61,7 +61,8 @@ const ClusterName = "txhook"
 
 // Options configure a cluster.
 type Options struct {
-	// Nodes is the number of servers; default 3.
+	// Nodes is the number of servers; default 3. One runs standalone
+	// JetStream (no cluster block).
 	Nodes int
 	// Dir holds one directory per node (n0/, n1/...: its config, store
 	// and log); "" makes a temporary one that Close removes.
@@ -344,6 +345,12 @@ func (c *Cluster) writeConfig(i int) error {
 			routes = append(routes, strconv.Quote("nats-route://127.0.0.1:"+strconv.Itoa(o.route)))
 		}
 	}
+	// One node runs standalone JetStream: a cluster block without routes
+	// is refused ("JetStream cluster requires configured routes").
+	clusterBlock := ""
+	if len(c.nodes) > 1 {
+		clusterBlock = fmt.Sprintf("cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}", ClusterName, n.route, strings.Join(routes, ", "))
+	}
 	conf := fmt.Sprintf(`# written by txhook internal/natscluster
 server_name: %q
 listen: "127.0.0.1:%d"
@@ -356,14 +363,9 @@ jetstream {
   max_memory_store: 256MB
   max_file_store: 4GB
 }
-cluster {
-  name: %q
-  listen: "127.0.0.1:%d"
-  routes: [%s]
-}
 %s
-`, n.name, n.port, n.httpPort, filepath.Join(n.dir, "jetstream"), ClusterName, n.route,
-		strings.Join(routes, ", "), c.extra)
+%s
+`, n.name, n.port, n.httpPort, filepath.Join(n.dir, "jetstream"), clusterBlock, c.extra)
 	if err := os.WriteFile(filepath.Join(n.dir, "nats.conf"), []byte(conf), 0o644); err != nil {
 		return fmt.Errorf("natscluster: %w", err)
 	}

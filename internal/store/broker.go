@@ -83,8 +83,12 @@ func (s *Store) BrokerRows(ctx context.Context, ids []int64, pairs [][2]string) 
 		return rows.Err()
 	}
 	const cols = `SELECT id, event_id, endpoint_id, state, attempts, next_attempt_at, lease_owner FROM txhook_deliveries WHERE `
+	byIDQuery, byEventQuery := cols+s.idsIn("id"), cols+s.textIn("event_id")
+	if s.Dialect == Postgres {
+		byIDQuery, byEventQuery = pgBrokerRowsByID, pgBrokerRowsByEvent
+	}
 	if len(ids) > 0 {
-		rows, err := s.DB.QueryContext(ctx, s.Rebind(cols+s.idsIn("id")), jsonIDs(ids))
+		rows, err := s.DB.QueryContext(ctx, s.Rebind(byIDQuery), jsonIDs(ids))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -99,7 +103,7 @@ func (s *Store) BrokerRows(ctx context.Context, ids []int64, pairs [][2]string) 
 			evs[i] = p[0]
 			want[p] = true
 		}
-		rows, err := s.DB.QueryContext(ctx, s.Rebind(cols+s.textIn("event_id")), jsonStrings(evs))
+		rows, err := s.DB.QueryContext(ctx, s.Rebind(byEventQuery), jsonStrings(evs))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -113,6 +117,29 @@ func (s *Store) BrokerRows(ctx context.Context, ids []int64, pairs [][2]string) 
 		}
 	}
 	return byID, byPair, nil
+}
+
+// The lookups of BrokerRows on PostgreSQL: one index probe per key
+// (LATERAL, fenced by OFFSET 0). Written as "col IN (SELECT
+// jsonb_array_elements_text(...))", a generic plan (or a custom one, the
+// function's 100 rows estimated) hash-joined the keys against a
+// sequential scan of the whole table: 3 ms for 5 keys beside 15,000
+// deliveries, 0.09 ms now, and growing with the history.
+const (
+	brokerRowCols    = `d.id, d.event_id, d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.lease_owner`
+	pgBrokerRowsByID = `SELECT ` + brokerRowCols + `
+FROM (SELECT DISTINCT jsonb_array_elements_text($1::jsonb)::bigint AS id) k
+CROSS JOIN LATERAL (SELECT * FROM txhook_deliveries x WHERE x.id = k.id OFFSET 0) d`
+	pgBrokerRowsByEvent = `SELECT ` + brokerRowCols + `
+FROM (SELECT DISTINCT jsonb_array_elements_text($1::jsonb) AS event_id) k
+CROSS JOIN LATERAL (SELECT * FROM txhook_deliveries x WHERE x.event_id = k.event_id OFFSET 0) d`
+)
+
+// BrokerRowsQueries are the statements BrokerRows runs on PostgreSQL, by
+// row ID and by event ID (each takes a JSON array), for tests of their
+// plans.
+func (s *Store) BrokerRowsQueries() []string {
+	return []string{s.Rebind(pgBrokerRowsByID), s.Rebind(pgBrokerRowsByEvent)}
 }
 
 // BrokerComplete writes a batch of outcomes of deliveries a broker holds,
@@ -201,7 +228,12 @@ const pgBrokerComplete = `WITH c AS (
            c.ok_started_at, c.ok_duration_us, c.ok_excerpt, c.created_at, $2
     FROM c
     WHERE c.id = 0
-      AND NOT EXISTS (SELECT 1 FROM txhook_deliveries x WHERE x.event_id = c.event_id AND x.endpoint_id = c.endpoint_id)
+      -- Fenced (OFFSET 0) to the index on event_id: planned generic, or
+      -- on a table whose statistics are new, the endpoint's condition was
+      -- also pushed into the scan, which then combined the event's index
+      -- with the endpoint's (all of its deliveries) for every row.
+      AND NOT EXISTS (SELECT 1 FROM (SELECT x.endpoint_id FROM txhook_deliveries x WHERE x.event_id = c.event_id OFFSET 0) x
+                      WHERE x.endpoint_id = c.endpoint_id)
     RETURNING id, event_id, endpoint_id, state, attempts, last_status, last_error
 ), done AS (
     SELECT i, id, event_id, endpoint_id, state, attempts, last_status, last_error FROM upd

@@ -389,6 +389,10 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"CurrentSnapshot": func() error { _, err := s.CurrentSnapshot(ctx); return err },
+		"ForwardFirst": func() error {
+			_, _, err := s.ForwardFirst(ctx, store.Snapshot{Xmin: 1, Xmax: 2, Xip: []uint64{1}}, 10)
+			return err
+		},
 		"ForwardPage": func() error {
 			to, err := s.CurrentSnapshot(ctx)
 			if err != nil {
@@ -478,7 +482,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 		"RecordAttemptTimes", "CarryRefusal", "RepairHealth", "EndpointIDs", "DisableFailing", "DisableGone", "SetEndpointEnabled",
 		"RecoverNext", "RecoverCandidates", "Recover", "TenantEndpoint", "TenantDelivery", "TenantEvent", "TenantDeliveries", "EachAttemptOf", "ExportTenant",
 		"Resend", "InsertTargeted", "InsertAudit", "ListAudit", "PruneAudit",
-		"ForwardLease", "CurrentSnapshot", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
+		"ForwardLease", "CurrentSnapshot", "ForwardFirst", "ForwardPage", "ForwardSave", "ForwardRelease", "PendingOrdered", "ClaimUnforwarded", "MarkForwarded",
 		"MarkUnrouted", "Subscriptions", "CopyEvents", "EndpointsByID", "BrokerComplete", "BrokerRows", "ClaimDueRows", "PruneForwarded", "BrokerKey", "GateAcquire", "GateFinish", "GateSlots", "GatePeek", "GateBlock", "PruneFinished", "PruneDeadLetters", "PruneEvents", "EnsurePartitions", "Partitions", "DropPartitions", "DeleteEndpoint"}
 	if len(order) != len(calls) {
 		t.Fatalf("order lists %d calls, map has %d", len(order), len(calls))
@@ -492,7 +496,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 	// Methods that run no statement of their own.
 	noSQL := map[string]bool{"Close": true, "Prepare": true, "T": true, "JSONTime": true, "Rebind": true, "Tx": true,
 		"SetSchema": true, "Schema": true, "EnqueueQueries": true, "ClaimQueries": true, "CompleteQueries": true,
-		"BrokerCompleteQueries": true, "ForwardQueries": true,
+		"BrokerCompleteQueries": true, "BrokerRowsQueries": true, "ForwardQueries": true,
 		"WakeLocal": true, "SubscribeLocal": true, "SQLConn": true, "RecoverStatements": true}
 	var missing []string
 	typ := reflect.TypeFor[*store.Store]()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,6 +267,14 @@ func (f *Forwarder) listen(ctx context.Context, in link.Internals) {
 	}()
 }
 
+// minRepoll is the first wait after a round that forwarded events without
+// filling a batch. Enqueue sends at most one NOTIFY per
+// outbox.Config.NotifyInterval, so a steady stream wakes the forwarder for
+// only some of its events: the others are found by polling again soon,
+// after 2, 4, 8... ms, up to PollInterval, rather than at the next NOTIFY
+// or PollInterval.
+const minRepoll = 2 * time.Millisecond
+
 func (f *Forwarder) run(ctx context.Context) {
 	defer close(f.done)
 	defer f.release()
@@ -274,12 +283,23 @@ func (f *Forwarder) run(ctx context.Context) {
 	timer.Stop()
 	backoff := 50 * time.Millisecond
 	nextPrune := time.Now().Add(f.pruneInterval())
+	// A whole round also claims events left to a lease and hands due rows
+	// to the stream; a quick one (a re-poll, on PostgreSQL) only reads the
+	// events past the cursor. Whole rounds run on a wake-up and at least
+	// every PollInterval, as every round did before quick ones.
+	whole, lastWhole := true, time.Time{}
+	repoll := time.Duration(0)
 	for {
 		if f.separate && f.pruneInterval() > 0 && !time.Now().Before(nextPrune) {
 			f.prune(ctx)
 			nextPrune = time.Now().Add(f.pruneInterval())
 		}
-		full, err := f.round(ctx)
+		if whole || f.src.Store.Dialect != store.Postgres || time.Since(lastWhole) >= f.cfg.PollInterval {
+			whole, lastWhole = true, time.Now()
+		}
+		wasWhole := whole
+		n, full, err := f.round(ctx, whole)
+		whole = false
 		f.stats.rounds.Add(1)
 		if err != nil && ctx.Err() == nil {
 			err = f.explain(ctx, err)
@@ -295,12 +315,25 @@ func (f *Forwarder) run(ctx context.Context) {
 			f.log.Warn("txhook: forwarding failed; events wait in the outbox and are forwarded when it works again", "error", err, "retry_in", backoff)
 			delay = backoff
 			backoff = min(2*backoff, 5*time.Second)
+			whole, repoll = true, 0
 		case full:
 			backoff = 50 * time.Millisecond
+			whole = wasWhole // a whole batch of due rows: more may be due
 			continue
 		default:
 			backoff = 50 * time.Millisecond
-			delay = f.cfg.PollInterval
+			switch {
+			case n > 0:
+				repoll = minRepoll
+			case repoll > 0:
+				repoll *= 2
+			}
+			if repoll > 0 && repoll < f.cfg.PollInterval {
+				delay = repoll
+			} else {
+				repoll = 0
+				delay = max(f.cfg.PollInterval-time.Since(lastWhole), 0)
+			}
 		}
 		timer.Reset(delay)
 		select {
@@ -309,31 +342,36 @@ func (f *Forwarder) run(ctx context.Context) {
 			return
 		case <-f.wakeCh:
 			timer.Stop()
+			whole = true
 			// Transactions that committed with the one that woke us (whose
-			// NOTIFY was skipped) become visible a moment later: the round
-			// after this one finds them.
+			// NOTIFY was skipped) become visible a moment later: the
+			// re-polls after this round find them.
 		case <-timer.C:
 		}
 	}
 }
 
-// round forwards what is due once: events past the cursor, events left
-// to a lease, due rows. full reports that some part found a whole batch,
+// round forwards what is due once: events past the cursor and, in a
+// whole round, events left to a lease and due rows. n counts the events
+// and rows it forwarded; full reports that some part found a whole batch,
 // so more may be waiting.
-func (f *Forwarder) round(ctx context.Context) (full bool, err error) {
+func (f *Forwarder) round(ctx context.Context, whole bool) (n int, full bool, err error) {
 	if f.src.Store.Dialect == store.Postgres {
-		if full, err = f.cursorRound(ctx); err != nil {
-			return false, err
+		if n, full, err = f.cursorRound(ctx); err != nil {
+			return n, false, err
 		}
+	}
+	if !whole {
+		return n, full, nil
 	}
 	evs, err := f.src.Store.ClaimUnforwarded(ctx, f.id, f.cfg.Lease, f.cfg.BatchSize)
 	if err != nil {
-		return false, err
+		return n, false, err
 	}
 	if len(evs) > 0 {
 		unrouted, err := f.forward(ctx, evs)
 		if err != nil {
-			return false, err
+			return n, false, err
 		}
 		ids := make([]string, len(evs))
 		var un []string
@@ -346,75 +384,102 @@ func (f *Forwarder) round(ctx context.Context) (full bool, err error) {
 			}
 		}
 		if err := f.src.Store.MarkForwarded(ctx, f.id, f.src.Clock.Now(), ids, un); err != nil {
-			return false, err
+			return n, false, err
 		}
+		n += len(evs)
 		full = full || len(evs) == f.cfg.BatchSize
 	}
-	n, err := f.dueRows(ctx)
+	rows, err := f.dueRows(ctx)
 	if err != nil {
-		return false, err
+		return n, false, err
 	}
-	return full || n == f.cfg.BatchSize, nil
+	return n + rows, full || rows == f.cfg.BatchSize, nil
 }
 
 // cursorRound forwards the events committed since the cursor, if this
 // forwarder holds it (or can take it).
-func (f *Forwarder) cursorRound(ctx context.Context) (full bool, err error) {
+func (f *Forwarder) cursorRound(ctx context.Context) (n int, full bool, err error) {
 	st := f.src.Store
 	f.mu.Lock()
 	held := f.held
 	f.mu.Unlock()
 	if !held {
 		if time.Since(f.triedAt) < min(time.Second, f.cfg.Lease/3) {
-			return false, nil
+			return 0, false, nil
 		}
 		f.triedAt = time.Now()
 		pos, ok, err := st.ForwardLease(ctx, f.cfg.Stream, f.id, f.cfg.Lease)
 		if err != nil || !ok {
-			return false, err
+			return n, false, err
 		}
 		f.mu.Lock()
 		f.held, f.cursor, f.savedAt = true, pos, time.Now()
 		f.mu.Unlock()
 		f.log.Info("txhook: forwarder took the stream's cursor", "stream", f.cfg.Stream, "position", pos.String())
 	}
-	to, err := st.CurrentSnapshot(ctx)
+	// The first page comes with the round's target snapshot, in one
+	// statement; a full one is paged on from its last event, in the
+	// running range if that is where it ended, then in the new range.
+	to, evs, err := st.ForwardFirst(ctx, f.cursor, f.cfg.BatchSize)
 	if err != nil {
-		return false, err
+		return n, false, err
 	}
-	for _, running := range []bool{true, false} {
-		xid, id := "0", ""
-		for {
-			evs, err := st.ForwardPage(ctx, f.cursor, to, running, xid, id, f.cfg.BatchSize)
-			if err != nil {
-				return false, err
+	handle := func(evs []store.ForwardEvent) error {
+		n += len(evs)
+		if len(evs) == 0 {
+			return nil
+		}
+		unrouted, err := f.forward(ctx, evs)
+		if err != nil {
+			return err
+		}
+		if !f.separate && len(unrouted) > 0 {
+			return st.MarkUnrouted(ctx, keysOf(unrouted))
+		}
+		return nil
+	}
+	if err := handle(evs); err != nil {
+		return n, false, err
+	}
+	if len(evs) == f.cfg.BatchSize {
+		full = true
+		last := evs[len(evs)-1]
+		lastXID, err := strconv.ParseUint(last.XID, 10, 64)
+		if err != nil {
+			return n, false, fmt.Errorf("txhook/broker: event %s: transaction ID %q: %w", last.ID, last.XID, err)
+		}
+		inRunning := lastXID < f.cursor.Xmax
+		for _, running := range []bool{true, false} {
+			xid, id := "0", ""
+			switch {
+			case running && !inRunning:
+				continue // the first page went past the running range
+			case running == inRunning:
+				xid, id = last.XID, last.ID
 			}
-			if len(evs) > 0 {
-				unrouted, err := f.forward(ctx, evs)
+			for {
+				evs, err := st.ForwardPage(ctx, f.cursor, to, running, xid, id, f.cfg.BatchSize)
 				if err != nil {
-					return false, err
+					return n, false, err
 				}
-				if !f.separate && len(unrouted) > 0 {
-					if err := st.MarkUnrouted(ctx, keysOf(unrouted)); err != nil {
-						return false, err
-					}
+				if err := handle(evs); err != nil {
+					return n, false, err
 				}
+				if len(evs) < f.cfg.BatchSize {
+					break
+				}
+				last := evs[len(evs)-1]
+				xid, id = last.XID, last.ID
 			}
-			if len(evs) < f.cfg.BatchSize {
-				break
-			}
-			full = true
-			last := evs[len(evs)-1]
-			xid, id = last.XID, last.ID
 		}
 	}
 	f.cursor = to
 	if time.Since(f.savedAt) >= f.cfg.SaveInterval {
 		if err := f.save(ctx); err != nil {
-			return full, err
+			return n, full, err
 		}
 	}
-	return full, nil
+	return n, full, nil
 }
 
 // save saves the cursor and renews the lease; a lease lost (this forwarder
