@@ -79,6 +79,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	failing map[string]bool      // endpoints whose shared circuit counted faults when last seen
+	opened  map[string]bool      // endpoints whose shared circuit was open or half-open when last seen
 	checked map[string]time.Time // when the circuit of an endpoint without limits was last read (real time)
 	blocked map[string]bool      // endpoints this relay marked blocked (Block), until a Finish clears them
 
@@ -87,7 +88,7 @@ type Client struct {
 
 // New returns a Client.
 func New(st *store.Store, cfg Config) *Client {
-	return &Client{st: st, cfg: cfg, failing: map[string]bool{}, checked: map[string]time.Time{}, blocked: map[string]bool{}}
+	return &Client{st: st, cfg: cfg, failing: map[string]bool{}, opened: map[string]bool{}, checked: map[string]time.Time{}, blocked: map[string]bool{}}
 }
 
 // Waits counts the requests the gate told to wait; Errors the exchanges
@@ -95,15 +96,26 @@ func New(st *store.Store, cfg Config) *Client {
 func (c *Client) Waits() uint64  { return c.waits.Load() }
 func (c *Client) Errors() uint64 { return c.errors.Load() }
 
+func (c *Client) isOpened(endpoint string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.opened[endpoint]
+}
+
 func (c *Client) isFailing(endpoint string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.failing[endpoint]
 }
 
-func (c *Client) seen(endpoint string, failures int) {
+func (c *Client) seen(endpoint string, failures int, opened bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if opened {
+		c.opened[endpoint] = true
+	} else {
+		delete(c.opened, endpoint)
+	}
 	if failures > 0 {
 		c.failing[endpoint] = true
 	} else {
@@ -125,9 +137,6 @@ func (c *Client) fresh(endpoint string) bool {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.failing[endpoint] {
-		return false
-	}
 	if at, ok := c.checked[endpoint]; ok && now.Sub(at) < every {
 		return true
 	}
@@ -147,11 +156,11 @@ func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, e
 	if Disabled.Load() {
 		return p, nil
 	}
-	if r.Rate <= 0 && r.MaxInFlight <= 0 && c.cfg.Threshold > 0 && !c.isFailing(r.Endpoint) {
+	if r.Rate <= 0 && r.MaxInFlight <= 0 && c.cfg.Threshold > 0 && !c.isOpened(r.Endpoint) {
 		if c.fresh(r.Endpoint) {
 			return p, nil
 		}
-		n, err := c.st.GatePeek(ctx, r.Endpoint)
+		n, opened, err := c.st.GatePeek(ctx, r.Endpoint)
 		if err != nil {
 			c.errors.Add(1)
 			c.mu.Lock()
@@ -159,10 +168,15 @@ func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, e
 			c.mu.Unlock()
 			return p, err
 		}
-		if n == 0 {
+		if !opened {
+			// A closed circuit, with or without faults, needs no
+			// permission: only its answers must be reported (Finish),
+			// which write after the request, not before it.
+			c.seen(r.Endpoint, n, false)
 			return p, nil
 		}
-	} else if r.Rate <= 0 && r.MaxInFlight <= 0 && !c.isFailing(r.Endpoint) {
+		c.seen(r.Endpoint, n, true)
+	} else if r.Rate <= 0 && r.MaxInFlight <= 0 && c.cfg.Threshold <= 0 {
 		return p, nil // no limits, no breaker
 	}
 	p.asked = true
@@ -173,7 +187,7 @@ func (c *Client) Acquire(ctx context.Context, now time.Time, r Request) (Pass, e
 		return p, err
 	}
 	p.grant = g
-	c.seen(r.Endpoint, g.Failures)
+	c.seen(r.Endpoint, g.Failures, g.Opened)
 	if !g.OK {
 		c.waits.Add(1)
 	}
@@ -203,7 +217,7 @@ func (c *Client) Finish(ctx context.Context, now time.Time, p Pass, o Outcome) (
 		c.errors.Add(1)
 		return time.Time{}, err
 	}
-	c.seen(p.endpoint, st.Failures)
+	c.seen(p.endpoint, st.Failures, st.Opened)
 	return st.OpenUntil, nil
 }
 

@@ -41,6 +41,7 @@ type GateGrant struct {
 	RetryAt  time.Time // when !OK: when to ask again
 	Reason   string    // when !OK: "circuit", "rate" or "busy"
 	Failures int       // the circuit's faults in a row
+	Opened   bool      // the circuit is open or half-open
 }
 
 // GateFinish reports the end of a request to the gate.
@@ -63,6 +64,7 @@ type GateFinish struct {
 type GateState struct {
 	Failures  int
 	OpenUntil time.Time
+	Opened    bool // open or half-open
 }
 
 type gateRow struct {
@@ -119,6 +121,7 @@ func (s *Store) GateAcquire(ctx context.Context, a GateAsk) (GateGrant, error) {
 		}
 		now := a.Now
 		out.Failures = g.failures
+		out.Opened = g.cooldown > 0 || g.openUntil.After(now)
 		// The bucket. A row new to the rate starts empty, as a relay's
 		// own bucket does: relays that see the endpoint for the first time
 		// must not add a burst to what was just sent. An idle endpoint's
@@ -254,7 +257,7 @@ WHERE endpoint_id = ? AND relay = ? AND slots > 0`), f.Endpoint, f.Relay); err !
 				return err
 			}
 		}
-		st = GateState{Failures: failures}
+		st = GateState{Failures: failures, Opened: cooldown > 0 || openUntil.After(now)}
 		if openUntil.After(now) {
 			st.OpenUntil = openUntil
 		}
@@ -273,14 +276,16 @@ func (s *Store) GateSlots(ctx context.Context, endpoint string, now time.Time) (
 }
 
 // GatePeek reads the endpoint's shared circuit without locking or
-// writing anything: its faults in a row (0 when it has no gate row).
-func (s *Store) GatePeek(ctx context.Context, endpoint string) (int, error) {
-	var n int
-	err := s.DB.QueryRowContext(ctx, s.Rebind(`SELECT failures FROM txhook_endpoint_gates WHERE endpoint_id = ?`), endpoint).Scan(&n)
+// writing anything: its faults in a row (0 when it has no gate row), and
+// whether it has opened since its last answer (open, or half-open).
+func (s *Store) GatePeek(ctx context.Context, endpoint string) (failures int, opened bool, err error) {
+	var cooldown int64
+	var openUntil Time
+	err = s.DB.QueryRowContext(ctx, s.Rebind(`SELECT failures, cooldown_us, open_until FROM txhook_endpoint_gates WHERE endpoint_id = ?`), endpoint).Scan(&failures, &cooldown, &openUntil)
 	if err == sql.ErrNoRows {
-		return 0, nil
+		return 0, false, nil
 	}
-	return n, err
+	return failures, cooldown > 0 || !openUntil.IsZero(), err
 }
 
 // GateBlock marks the endpoint blocked until `until` (keeping a later

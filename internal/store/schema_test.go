@@ -471,7 +471,7 @@ func schemaEveryStatementQualified(t *testing.T, b testdb.Backend, partitioned b
 			return err
 		},
 		"GateSlots":      func() error { _, err := s.GateSlots(ctx, ep.ID, now); return err },
-		"GatePeek":       func() error { _, err := s.GatePeek(ctx, ep.ID); return err },
+		"GatePeek":       func() error { _, _, err := s.GatePeek(ctx, ep.ID); return err },
 		"GateBlock":      func() error { return s.GateBlock(ctx, ep.ID, now) },
 		"DeleteEndpoint": func() error { return s.DeleteEndpoint(ctx, ep.ID) },
 	}
