@@ -72,8 +72,19 @@ func TestUnansweredEndpointWithNothingOutIsPaced(t *testing.T) {
 		if hold {
 			t.Fatal("held beyond the slow share")
 		}
-		if d := at.Sub(h.now); fast && d != 50*time.Millisecond || !fast && d < 500*time.Millisecond {
-			t.Fatalf("UnansweredFast %v: due again in %v", fast, d)
+		if d := at.Sub(h.now); d != 50*time.Millisecond {
+			t.Fatalf("UnansweredFast %v: first give-back due again in %v, want 50ms", fast, d)
+		}
+		// Again and again while the share stays full: doubling, up to
+		// 1.6 s, unless UnansweredFast.
+		for i, want := range []time.Duration{100, 200, 400, 800, 1600, 1600} {
+			_, _, at := h.add("calm", "new", Limits{})
+			if fast {
+				want = 50
+			}
+			if d := at.Sub(h.now); d != want*time.Millisecond {
+				t.Fatalf("UnansweredFast %v: give-back %d due again in %v, want %v", fast, i+2, d, want*time.Millisecond)
+			}
 		}
 	}
 }

@@ -195,6 +195,8 @@ type endpoint struct {
 	openUntil time.Time
 	cooldown  time.Duration
 
+	idleBacks int // give-backs with nothing of it out, since its last start
+
 	// gateUntil is when the fleet's shared gate of the endpoint (its
 	// limits and circuit, as every relay sees them) may let a request
 	// through again: see Hold.
@@ -389,13 +391,20 @@ func (s *Scheduler) Add(now time.Time, j *Job) (hold bool, at time.Time) {
 		// The fleet's gate holds the endpoint (see Hold): due when it opens.
 		return false, s.capAt(s.spread(e.gateUntil, max(50*time.Millisecond, e.gateUntil.Sub(now))), now, s.cfg.MaxPostpone)
 	}
-	if !e.proven && (e.inflight > 0 || s.cfg.UnansweredFast) && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
+	if !e.proven && e.oldest(now) < s.cfg.SlowAfter && rateStart.Before(now.Add(s.cfg.Horizon)) {
 		// Its first answer is still out, and not late yet: by the time this
-		// is due again the endpoint is likely known. (With none out, what
-		// holds the job is elsewhere, the slow endpoints' share full, say:
-		// due again in 50 ms it would only be claimed and handed back
-		// again, round after round; it is paced below instead.)
-		return false, now.Add(max(50*time.Millisecond, 2*e.oldest(now)))
+		// is due again the endpoint is likely known.
+		if e.inflight > 0 || s.cfg.UnansweredFast {
+			return false, now.Add(max(50*time.Millisecond, 2*e.oldest(now)))
+		}
+		// None is out: what holds the job is elsewhere (the slow
+		// endpoints' share is full, say). Due again in 50 ms, then twice
+		// as long each time until one of its requests starts: it is not
+		// held back behind a backlog, nor claimed and handed back every
+		// 50 ms while the share stays full.
+		d := 50 * time.Millisecond << min(e.idleBacks, 5)
+		e.idleBacks++
+		return false, now.Add(d)
 	}
 	// Give jobs back one slot of the endpoint's pace apart (its rate, or
 	// its request time over its in-flight cap), so that a backlog comes
@@ -508,6 +517,7 @@ func (s *Scheduler) pick(t *tenant, now time.Time, slow *int) *Job {
 			e.tokens--
 		}
 		j.started = now
+		e.idleBacks = 0
 		e.running = append(e.running, j)
 		e.inflight++
 		t.inflight++
