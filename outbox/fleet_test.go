@@ -99,10 +99,23 @@ func (f *fleetReceiver) stats(path string) (total, peak int) {
 	return f.total[path], f.peak[path]
 }
 
+// arrivalSlack is how many requests beyond rate + burst the receiver may
+// count in one second. The gates hand out at most rate + burst tokens in
+// any second (internal/store's gate tests check that exactly); the
+// receiver counts arrivals, which the time between a relay's token and
+// its request reaching the receiver can bunch: a relay process starved of
+// CPU for a moment (the race detector, a load average of 8 in CI) sends
+// the requests it was granted late, beside another relay's on time. CI
+// saw 14 in a second once (2 relays); 3 allows 300 ms of such bunching at
+// 10/s. Limits kept per relay process, as before, gave 18-26 with two
+// relays and more with four, so the tests still fail on them.
+const arrivalSlack = 3
+
 // TestLimitsHoldAcrossRelayProcesses: one, two and four relay processes
 // (real subprocesses) send to an endpoint limited to 10 requests/s with a
 // burst of 2, and to one limited to 2 in flight that answers slowly.
-// Over any second the first gets at most 12 requests, and the second
+// Over any second the first gets at most 12 requests (as the relays send
+// them; see arrivalSlack), and the second
 // never has more than 2 under way, however many relays send. Each relay
 // claims 10 deliveries at a time, so that they share the backlog: with
 // limits per relay process, each sent as much as the limit allows.
@@ -135,7 +148,7 @@ func TestLimitsHoldAcrossRelayProcesses(t *testing.T) {
 				for _, c := range children {
 					c.terminate(t)
 				}
-				if got := recv.maxPerSecond("/rated"); got > rate+burst {
+				if got := recv.maxPerSecond("/rated"); got > rate+burst+arrivalSlack {
 					t.Errorf("%d relays: %d requests in one second to an endpoint limited to %d/s with a burst of %d", n, got, rate, burst)
 				}
 				if total, peak := recv.stats("/slow"); peak > maxInFlight || total < events {
@@ -172,7 +185,7 @@ func TestLimitsHoldAcrossRelaysOnSQLite(t *testing.T) {
 	b.eventually("every delivery succeeded", func() bool {
 		return b.count("SELECT count(*) FROM txhook_deliveries WHERE state = 'succeeded'") == 2*events
 	})
-	if got := recv.maxPerSecond("/rated"); got > rate+burst {
+	if got := recv.maxPerSecond("/rated"); got > rate+burst+arrivalSlack {
 		t.Errorf("%d requests in one second to an endpoint limited to %d/s with a burst of %d", got, rate, burst)
 	}
 	if _, peak := recv.stats("/slow"); peak > maxInFlight {
