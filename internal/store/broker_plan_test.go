@@ -53,23 +53,11 @@ SELECT 'ev_' || g, 'ep_a', 'succeeded', 1, now(), now(), now() FROM generate_ser
 			if err := json.Unmarshal([]byte(raw), &plans); err != nil || len(plans) != 1 {
 				t.Fatalf("EXPLAIN output %q: %v", raw, err)
 			}
-			total := 0
-			var walk func(n map[string]any)
-			walk = func(n map[string]any) {
+			total := rowsRead(plans[0].Plan, func(n map[string]any) bool {
 				rel, _ := n["Relation Name"].(string)
 				idx, _ := n["Index Name"].(string)
-				if rel == "txhook_deliveries" || strings.HasPrefix(idx, "txhook_deliveries") {
-					f := func(k string) int { v, _ := n[k].(float64); return int(v) }
-					total += (f("Actual Rows") + f("Rows Removed by Filter") + f("Rows Removed by Index Recheck")) * max(f("Actual Loops"), 1)
-				}
-				kids, _ := n["Plans"].([]any)
-				for _, k := range kids {
-					if m, ok := k.(map[string]any); ok {
-						walk(m)
-					}
-				}
-			}
-			walk(plans[0].Plan)
+				return rel == "txhook_deliveries" || strings.HasPrefix(idx, "txhook_deliveries")
+			})
 			return total, raw
 		}
 		quote := func(v any) string {
@@ -157,23 +145,27 @@ SELECT 'ev_' || g, 'm', 't', '{}', now(), pg_current_xact_id() FROM generate_ser
 		if err := json.Unmarshal([]byte(raw), &plans); err != nil || len(plans) != 1 {
 			t.Fatalf("EXPLAIN output %q: %v", raw, err)
 		}
-		total := 0
-		var walk func(n map[string]any)
-		walk = func(n map[string]any) {
-			if n["Relation Name"] == "txhook_events" {
-				f := func(k string) int { v, _ := n[k].(float64); return int(v) }
-				total += (f("Actual Rows") + f("Rows Removed by Filter") + f("Rows Removed by Index Recheck")) * max(f("Actual Loops"), 1)
-			}
-			kids, _ := n["Plans"].([]any)
-			for _, k := range kids {
-				if m, ok := k.(map[string]any); ok {
-					walk(m)
-				}
-			}
-		}
-		walk(plans[0].Plan)
+		total := rowsRead(plans[0].Plan, func(n map[string]any) bool { return n["Relation Name"] == "txhook_events" })
 		if total > 10 {
 			t.Errorf("a round past %d forwarded events read %d of them:\n%s", n, total, raw)
 		}
 	})
+}
+
+// rowsRead is how many rows the plan nodes that match read (returned,
+// or removed by a filter or a recheck), over all their loops, in an
+// EXPLAIN (ANALYZE, FORMAT JSON) plan.
+func rowsRead(plan map[string]any, match func(map[string]any) bool) int {
+	total := 0
+	if match(plan) {
+		f := func(k string) int { v, _ := plan[k].(float64); return int(v) }
+		total += (f("Actual Rows") + f("Rows Removed by Filter") + f("Rows Removed by Index Recheck")) * max(f("Actual Loops"), 1)
+	}
+	kids, _ := plan["Plans"].([]any)
+	for _, k := range kids {
+		if m, ok := k.(map[string]any); ok {
+			total += rowsRead(m, match)
+		}
+	}
+	return total
 }
